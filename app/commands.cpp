@@ -1,0 +1,163 @@
+// Implementation of the strata subcommands (plugins, logits, generate, inspect).
+#include "commands.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+#include "strata/error.hpp"
+#include "strata/model.hpp"
+#include "strata/registry.hpp"
+#include "strata/runtime_config.hpp"
+#include "strata/safetensors.hpp"
+
+namespace strata::app {
+namespace fs = std::filesystem;
+
+namespace {
+
+RuntimeConfig config_of(const CommonOptions& o) {
+  RuntimeConfig cfg = o.config.empty() ? RuntimeConfig{} : load_runtime_config(o.config);
+  if (o.threads >= 0) cfg.scheduler.threads = o.threads;
+  return cfg;
+}
+
+struct Loaded {
+  RuntimeConfig config;
+  std::unique_ptr<PluginRegistry> registry;
+  std::shared_ptr<Model> model;
+};
+
+Loaded load(const ModelOptions& o) {
+  Loaded l;
+  l.config = config_of(o.common);
+  l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
+  l.model = Model::load(o.model, choose_backends(*l.registry, l.config));
+  return l;
+}
+
+}  // namespace
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = text.find(',', pos);
+    const std::string tok = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    char* stop = nullptr;
+    errno = 0;
+    const long v = std::strtol(tok.c_str(), &stop, 10);
+    if (tok.empty() || *stop != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+      fail("cli", "--ids: '{}' is not a token id (expected comma-separated non-negative integers, e.g. 3,17,42)", tok);
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return ids;
+}
+
+int cmd_plugins(const CommonOptions& o) {
+  const RuntimeConfig cfg = config_of(o);
+  PluginRegistry reg(plugin_search_path(cfg.plugins.path));
+  fmt::print("search path:\n");
+  for (const auto& d : reg.search_path()) fmt::print("  {}{}\n", d.string(), fs::is_directory(d) ? "" : "  (absent)");
+  std::string dense_name, expert_names;
+  std::string choose_error;
+  try {
+    const Backends b = choose_backends(reg, cfg);
+    dense_name = std::string(b.dense->name());
+    for (const auto& e : b.experts) expert_names += (expert_names.empty() ? "" : ",") + std::string(e->name());
+  } catch (const Error& e) {
+    choose_error = e.what();
+  }
+  fmt::print("plugins:\n");
+  if (reg.plugins().empty()) fmt::print("  (none found)\n");
+  for (const auto& p : reg.plugins()) {
+    std::string status;
+    if (!p.usable) {
+      status = "rejected: " + p.reason;
+    } else {
+      std::vector<std::string> roles;
+      if (p.name == dense_name) roles.push_back("dense");
+      if (("," + expert_names + ",").find("," + p.name + ",") != std::string::npos) roles.push_back("experts");
+      status = roles.empty() ? "available (not chosen)" : fmt::format("chosen for {}", fmt::join(roles, " + "));
+    }
+    fmt::print("  {:<14} {:<8} score {:>4}  {}\n", p.name, p.version.empty() ? "-" : p.version, p.score, status);
+    fmt::print("  {:<14} {}\n", "", p.file.string());
+  }
+  if (!expert_names.empty()) fmt::print("experts preference: {}\n", expert_names);
+  if (!choose_error.empty()) {
+    fmt::print(stderr, "strata: {}\n", choose_error);
+    return 1;
+  }
+  return 0;
+}
+
+int cmd_logits(const ModelOptions& o, int64_t prefill, const std::string& out) {
+  const std::vector<int32_t> ids = parse_ids(o.ids);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  if (prefill < 0) prefill = T;
+  if (prefill > T) fail("cli", "--prefill {} exceeds the number of ids ({})", prefill, T);
+  Loaded l = load(o);
+  Session s(l.model, l.config.scheduler.threads);
+  const int64_t V = l.model->spec().vocab;
+  std::vector<float> logits;
+  logits.reserve(static_cast<size_t>(T * V));
+  if (prefill > 0) {
+    auto part = s.forward(std::span<const int32_t>(ids.data(), static_cast<size_t>(prefill)), true);
+    logits.insert(logits.end(), part.begin(), part.end());
+  }
+  for (int64_t t = prefill; t < T; ++t) {
+    auto part = s.forward(std::span<const int32_t>(ids.data() + t, 1), true);
+    logits.insert(logits.end(), part.begin(), part.end());
+  }
+  write_safetensors(out, {TensorToWrite{"logits", DType::F32, {T, V}, std::as_bytes(std::span<const float>(logits))}},
+                    {{"model", l.model->dir().string()}, {"prefill", std::to_string(prefill)}});
+  fmt::print(stderr, "wrote logits [{}, {}] to {}\n", T, V, out);
+  return 0;
+}
+
+int cmd_generate(const ModelOptions& o, int64_t max_new, bool print_ids) {
+  const std::vector<int32_t> ids = parse_ids(o.ids);
+  if (max_new < 0) fail("cli", "--max-new must be >= 0");
+  Loaded l = load(o);
+  Session s(l.model, l.config.scheduler.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int32_t> out = generate_greedy(s, ids, max_new);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{}\n", fmt::join(out, " "));
+  if (!print_ids) {
+    fmt::print(stderr, "{} prompt + {} new tokens in {:.3f} s ({:.1f} tok/s); backends: dense={} experts={}\n",
+               ids.size(), out.size(), sec, sec > 0 ? static_cast<double>(out.size()) / sec : 0.0,
+               l.model->backends().dense->name(), l.model->backends().experts.front()->name());
+  }
+  return 0;
+}
+
+int cmd_inspect(const ModelOptions& o) {
+  Loaded l = load(o);
+  const ModelSpec& s = l.model->spec();
+  const auto pc = l.model->param_counts();
+  const int64_t kv_floats = s.kv_floats_per_token_per_layer();
+  fmt::print("model:        {}\n", l.model->dir().string());
+  fmt::print("family:       {} ({})\n", family_name(s.family), s.model_type);
+  fmt::print("layers:       {} ({} with routed experts)\n", s.n_layers,
+             std::count(s.moe_layer.begin(), s.moe_layer.end(), true));
+  fmt::print("hidden:       {}   vocab: {}\n", s.hidden, s.vocab);
+  fmt::print("attention:    {}  heads {}  kv heads {}\n", s.attention == AttentionKind::MLA ? "MLA" : "GQA", s.n_heads,
+             s.n_kv_heads);
+  fmt::print("experts:      {} routed, top-{}, {} shared, width {}\n", s.n_experts, s.top_k, s.n_shared_experts,
+             s.moe_intermediate);
+  fmt::print("parameters:   {} total = {} dense + {} routed experts\n", pc.dense + pc.routed, pc.dense, pc.routed);
+  fmt::print("expert size:  {} parameters, {} bytes as stored\n", pc.per_expert, pc.per_expert_bytes);
+  fmt::print("KV cache:     {} floats per token per layer = {} bytes per token (f32, all layers)\n", kv_floats,
+             kv_floats * 4 * s.n_layers + (s.dsa ? s.index_head_dim * 4 * s.n_layers : 0));
+  return 0;
+}
+
+}  // namespace strata::app

@@ -1,0 +1,38 @@
+// The YAML runtime configuration: plugin search path, backend choice, memory budgets, scheduler.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct RuntimeConfig {
+  struct Plugins {
+    std::vector<std::filesystem::path> path;  // extra plugin folders, searched after the defaults
+  } plugins;
+  struct Backends {
+    std::string dense = "auto";         // plugin name, or "auto" = highest score that supports the op
+    std::vector<std::string> experts;   // ordered preference; empty = "auto"
+  } backends;
+  struct Memory {
+    std::optional<double> vram_gb;  // nullopt = auto
+    std::optional<double> ram_gb;   // nullopt = auto
+    double reserve_gb = 1.0;
+    std::string pin = "auto";       // auto | none | path to a file
+  } memory;
+  struct Scheduler {
+    int threads = 0;  // 0 = all hardware threads
+    bool overlap = true;
+  } scheduler;
+
+  std::filesystem::path source;  // the file it was read from (empty for defaults)
+};
+
+// Parses a YAML file. Unknown keys, wrong types and malformed YAML are errors naming the file, the line and
+// what was expected. Relative plugin paths are resolved against the YAML file's folder.
+RuntimeConfig load_runtime_config(const std::filesystem::path& file);
+RuntimeConfig parse_runtime_config(const std::string& yaml_text, const std::filesystem::path& origin);
+
+}  // namespace strata
