@@ -116,15 +116,18 @@ class Session {
   void reset();
   size_t kv_bytes() const;
 
-  // Test hook for glm_moe_dsa: when true, the indexer selects every causal key (as if index_topk ≥ length).
-  void set_indexer_select_all(bool v) { indexer_select_all_ = v; }
+  // How a glm_moe_dsa session uses its DSA indexer. Set before the first forward (it is not switchable
+  // mid-sequence). kSelectAll runs the indexer and the sparse key-gather path with every causal key selected;
+  // kOff is plain dense MLA attention. The two must agree bit for bit (tested).
+  enum class IndexerMode { kNormal, kSelectAll, kOff };
+  void set_indexer_mode(IndexerMode m) { indexer_mode_ = m; }
 
  private:
   struct Impl;
   std::shared_ptr<const Model> model_;
   std::unique_ptr<Impl> impl_;
   int64_t n_past_ = 0;
-  bool indexer_select_all_ = false;
+  IndexerMode indexer_mode_ = IndexerMode::kNormal;
 };
 
 // Greedy continuation: prefill `prompt` as one batch, then decode one token at a time; returns the new ids.

@@ -65,7 +65,7 @@ struct Session::Impl {
   ops::Rope rope;
   tbb::task_arena arena;
   std::vector<LayerCache> caches;
-  bool select_all = false;
+  Session::IndexerMode indexer_mode = Session::IndexerMode::kNormal;
 
   const Backend& dense() const { return *model.backends().dense; }
 
@@ -174,7 +174,12 @@ struct Session::Impl {
     sel.assign(static_cast<size_t>(T), {});
     tbb::parallel_for(int64_t{0}, T, [&](int64_t t) {
       const int64_t n_keys = n_past + t + 1;
-      if (select_all || n_keys <= spec.index_topk) return;  // every causal key is selected
+      if (indexer_mode == Session::IndexerMode::kSelectAll) {
+        sel[t].resize(static_cast<size_t>(n_keys));
+        std::iota(sel[t].begin(), sel[t].end(), 0);
+        return;
+      }
+      if (n_keys <= spec.index_topk) return;  // every causal key is selected
       Vec score(static_cast<size_t>(n_keys));
       for (int64_t j = 0; j < n_keys; ++j) {
         float s = 0;
@@ -243,9 +248,9 @@ struct Session::Impl {
     c.latent.insert(c.latent.end(), latent.begin(), latent.end());
     c.rope.insert(c.rope.end(), krope.begin(), krope.end());
 
-    if (L.mla.has_indexer) {
+    if (L.mla.has_indexer && indexer_mode != Session::IndexerMode::kOff) {
       indexer(a.indexer, c, h, q_resid, cos, sin, n_past, T, sel);
-    } else if (!reuse_selection) {
+    } else if (!reuse_selection || indexer_mode == Session::IndexerMode::kOff) {
       sel.assign(static_cast<size_t>(T), {});
     }
 
@@ -495,7 +500,7 @@ size_t Session::kv_bytes() const {
 
 std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logits) {
   if (ids.empty()) fail("session", "forward needs at least one token");
-  impl_->select_all = indexer_select_all_;
+  impl_->indexer_mode = indexer_mode_;
   std::vector<float> out;
   try {
     impl_->arena.execute([&] { out = impl_->forward(ids, n_past_, all_logits); });

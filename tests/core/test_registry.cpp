@@ -1,0 +1,106 @@
+// Plugin registry: real plugins load and score; broken ones are rejected with a reason, never a crash.
+#include <cstdlib>
+
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+const PluginRecord* record(const PluginRegistry& r, const std::string& name) {
+  for (const auto& p : r.plugins()) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("the build's plugins are found, versioned and scored") {
+  PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR)});
+  const PluginRecord* g = record(reg, "cpu_generic");
+  REQUIRE(g != nullptr);
+  CHECK(g->usable);
+  CHECK(g->score == 1);
+  CHECK(!g->version.empty());
+  const PluginRecord* a = record(reg, "cpu_avx512");
+  REQUIRE(a != nullptr);
+  if (a->usable) {
+    CHECK(a->score > g->score);
+    CHECK(reg.ranked().front()->name == "cpu_avx512");
+  } else {
+    CHECK(a->reason.find("AVX-512") != std::string::npos);
+  }
+}
+
+TEST_CASE("broken plugins are rejected with the reason") {
+  PluginRegistry reg({fs::path(STRATA_TEST_PLUGIN_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR)});
+  const PluginRecord* abi = record(reg, "bad_abi");
+  REQUIRE(abi != nullptr);
+  CHECK(!abi->usable);
+  CHECK(abi->reason.find("ABI version 999") != std::string::npos);
+  const PluginRecord* ms = record(reg, "missing_score");
+  REQUIRE(ms != nullptr);
+  CHECK(!ms->usable);
+  CHECK(ms->reason == "missing symbol strata_plugin_score");
+  const PluginRecord* z = record(reg, "score_zero");
+  REQUIRE(z != nullptr);
+  CHECK(!z->usable);
+  CHECK(z->reason == "score 0: needs the imaginary XYZ-9000 accelerator");
+  CHECK(reg.find("score_zero") == nullptr);
+  // The good ones still load beside them.
+  CHECK(reg.find("cpu_generic") != nullptr);
+}
+
+TEST_CASE("the same plugin found twice: the first wins, the second is reported as shadowed") {
+  PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR) / "."});
+  int usable = 0, shadowed = 0;
+  for (const auto& p : reg.plugins()) {
+    if (p.name != "cpu_generic") continue;
+    if (p.usable) ++usable;
+    if (p.reason.find("shadowed") != std::string::npos) ++shadowed;
+  }
+  CHECK(usable == 1);
+  CHECK(shadowed == 1);
+}
+
+TEST_CASE("the AVX-512 plugin scores 0 when its probe says no") {
+  ::setenv("STRATA_CPU_AVX512_PROBE", "off", 1);
+  PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR)});
+  ::unsetenv("STRATA_CPU_AVX512_PROBE");
+  const PluginRecord* a = record(reg, "cpu_avx512");
+  REQUIRE(a != nullptr);
+  CHECK(!a->usable);
+  CHECK(a->reason.find("forced off") != std::string::npos);
+  // Auto choice then falls back to the portable plugin.
+  const Backends b = choose_backends(reg, RuntimeConfig{});
+  CHECK(b.dense->name() == "cpu_generic");
+}
+
+TEST_CASE("STRATA_PLUGIN_PATH and plugins.path extend the search path, in order") {
+  ::setenv("STRATA_PLUGIN_PATH", "/tmp/strata-a:/tmp/strata-b", 1);
+  const auto path = plugin_search_path({fs::path("/tmp/strata-c")});
+  ::unsetenv("STRATA_PLUGIN_PATH");
+  auto pos = [&](const char* p) { return std::find(path.begin(), path.end(), fs::path(p)) - path.begin(); };
+  CHECK(pos("/tmp/strata-a") < pos("/tmp/strata-b"));
+  CHECK(pos("/tmp/strata-b") < pos("/tmp/strata-c"));
+  CHECK(pos("/tmp/strata-c") < static_cast<long>(path.size()));
+  CHECK(pos(STRATA_PLUGIN_BUILD_DIR) < pos("/tmp/strata-a"));
+}
+
+TEST_CASE("backend choice from the config") {
+  auto& reg = build_registry();
+  RuntimeConfig cfg;
+  cfg.backends.dense = "cpu_generic";
+  cfg.backends.experts = {"cpu_generic"};
+  const Backends b = choose_backends(reg, cfg);
+  CHECK(b.dense->name() == "cpu_generic");
+  CHECK(b.experts.size() == 1);
+  cfg.backends.experts = {"cuda_nonexistent"};
+  CHECK_THROWS_WITH_AS(choose_backends(reg, cfg), doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);
+  PluginRegistry broken({fs::path(STRATA_TEST_PLUGIN_DIR)});
+  cfg.backends.dense = "score_zero";
+  CHECK_THROWS_WITH_AS(choose_backends(broken, cfg), doctest::Contains("no usable backend plugin"), Error);
+  PluginRegistry mixed({fs::path(STRATA_TEST_PLUGIN_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR)});
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg), doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
+}

@@ -1,0 +1,68 @@
+// YAML runtime config: accepted forms, and clear errors with the line for unknown keys, wrong types, bad YAML.
+#include "strata/error.hpp"
+#include "strata/runtime_config.hpp"
+#include "test_util.hpp"
+
+using namespace strata;
+using namespace strata::test;
+
+TEST_CASE("a full config parses") {
+  const auto cfg = parse_runtime_config(R"(
+plugins:
+  path: [extra, /opt/strata/plugins]
+backends:
+  dense: cpu_generic
+  experts: [cpu_avx512, cpu_generic]
+memory:
+  vram_gb: auto
+  ram_gb: 48
+  reserve_gb: 2.5
+  pin: none
+scheduler:
+  threads: 8
+  overlap: false
+)", "/etc/strata/x.yaml");
+  REQUIRE(cfg.plugins.path.size() == 2);
+  CHECK(cfg.plugins.path[0] == fs::path("/etc/strata/extra"));
+  CHECK(cfg.plugins.path[1] == fs::path("/opt/strata/plugins"));
+  CHECK(cfg.backends.dense == "cpu_generic");
+  CHECK(cfg.backends.experts == std::vector<std::string>{"cpu_avx512", "cpu_generic"});
+  CHECK(!cfg.memory.vram_gb.has_value());
+  CHECK(cfg.memory.ram_gb.value() == 48);
+  CHECK(cfg.memory.reserve_gb == 2.5);
+  CHECK(cfg.memory.pin == "none");
+  CHECK(cfg.scheduler.threads == 8);
+  CHECK(!cfg.scheduler.overlap);
+}
+
+TEST_CASE("empty config gives defaults; the shipped configs parse") {
+  const auto cfg = parse_runtime_config("", "empty.yaml");
+  CHECK(cfg.backends.dense == "auto");
+  CHECK(cfg.backends.experts.empty());
+  CHECK(cfg.scheduler.threads == 0);
+  for (const auto& e : fs::directory_iterator(fs::path(STRATA_SOURCE_DIR) / "configs")) {
+    CAPTURE(e.path().string());
+    CHECK_NOTHROW(load_runtime_config(e.path()));
+  }
+}
+
+TEST_CASE("errors name the file, the line and what was expected") {
+  CHECK_THROWS_WITH_AS(parse_runtime_config("backends:\n  dense: cpu_generic\n  expert: [x]\n", "c.yaml"),
+                       doctest::Contains("c.yaml:3: unknown key 'backends.expert' (expected one of: dense, experts)"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("colour: blue\n", "c.yaml"), doctest::Contains("c.yaml:1: unknown key 'colour'"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  threads: many\n", "c.yaml"),
+                       doctest::Contains("c.yaml:2: 'scheduler.threads' must be a number"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  threads: 2.5\n", "c.yaml"),
+                       doctest::Contains("non-negative integer"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  overlap: maybe\n", "c.yaml"),
+                       doctest::Contains("'scheduler.overlap' must be true or false"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("memory:\n  ram_gb: lots\n", "c.yaml"),
+                       doctest::Contains("c.yaml:2: 'memory.ram_gb' must be 'auto' or a non-negative number"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("backends: [a, b]\n", "c.yaml"),
+                       doctest::Contains("'backends' must be a mapping"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("backends:\n  dense: [a\n", "c.yaml"),
+                       doctest::Contains("malformed YAML"), Error);
+  CHECK_THROWS_WITH_AS(load_runtime_config("/nonexistent/strata.yaml"), doctest::Contains("cannot open"), Error);
+}

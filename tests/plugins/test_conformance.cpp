@@ -1,0 +1,192 @@
+// Plugin conformance: every loaded plugin against cpu_generic on the same random inputs (odd sizes, tails,
+// experts with 0/1/4/64 rows), bit for bit in exact mode, and independent of the thread count.
+#include <cmath>
+#include <cstring>
+
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+struct HostMatrix {
+  WeightFormat format;
+  int64_t rows, cols;
+  std::vector<std::byte> bytes;
+  Matrix view() const { return Matrix{format, rows, cols, bytes.data(), nullptr}; }
+};
+
+uint16_t to_bf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t rows, int64_t cols) {
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  HostMatrix m{fmt, rows, cols, {}};
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (fmt == WeightFormat::F32) {
+    m.bytes.resize(n * 4);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = d(rng);
+      std::memcpy(m.bytes.data() + 4 * i, &v, 4);
+    }
+  } else {
+    m.bytes.resize(n * 2);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = d(rng);
+      const uint16_t h = fmt == WeightFormat::BF16 ? to_bf16(v) : static_cast<uint16_t>(std::bit_cast<uint16_t>(static_cast<_Float16>(v)));
+      std::memcpy(m.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  return m;
+}
+
+std::vector<float> random_vec(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Plain double-precision reference, to check the reference itself is right (not only that plugins agree).
+double ref_dot(const HostMatrix& m, int64_t o, const float* x) {
+  double s = 0;
+  for (int64_t i = 0; i < m.cols; ++i) {
+    float w;
+    if (m.format == WeightFormat::F32) {
+      std::memcpy(&w, m.bytes.data() + 4 * (o * m.cols + i), 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, m.bytes.data() + 2 * (o * m.cols + i), 2);
+      w = m.format == WeightFormat::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+    s += static_cast<double>(w) * x[i];
+  }
+  return s;
+}
+
+std::vector<std::string> plugins_under_test() {
+  std::vector<std::string> names;
+  for (const auto* p : build_registry().ranked()) names.push_back(p->name);
+  return names;
+}
+
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16};
+
+}  // namespace
+
+TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the reference is right") {
+  std::mt19937 rng(1234);
+  auto ref = backends_named("cpu_generic", 0);
+  const auto names = plugins_under_test();
+  MESSAGE("plugins under test: " << fmt::format("{}", fmt::join(names, ", ")));
+  struct Shape { int64_t o, i, s; };
+  for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
+                   Shape{16, 2048, 2}}) {
+    for (WeightFormat f : kFormats) {
+      CAPTURE(sh.o); CAPTURE(sh.i); CAPTURE(sh.s); CAPTURE(weight_format_name(f));
+      const HostMatrix w = random_matrix(rng, f, sh.o, sh.i);
+      const auto x = random_vec(rng, static_cast<size_t>(sh.s * sh.i));
+      std::vector<float> y0(static_cast<size_t>(sh.s * sh.o));
+      ref.dense->matmul(w.view(), x.data(), sh.s, y0.data());
+      for (int64_t s = 0; s < sh.s; ++s) {
+        for (int64_t o = 0; o < sh.o; ++o) {
+          const double r = ref_dot(w, o, x.data() + s * sh.i);
+          CHECK(std::fabs(y0[s * sh.o + o] - r) <= 1e-5 * (1 + std::fabs(r)) + 1e-6 * std::sqrt(double(sh.i)));
+        }
+      }
+      for (const auto& name : names) {
+        for (int threads : {1, 0}) {
+          auto b = backends_named(name, threads);
+          std::vector<float> y(y0.size(), NAN);
+          b.dense->matmul(w.view(), x.data(), sh.s, y.data());
+          CAPTURE(name); CAPTURE(threads);
+          CHECK(std::memcmp(y.data(), y0.data(), y.size() * 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 and 64 rows") {
+  std::mt19937 rng(99);
+  auto ref = backends_named("cpu_generic", 0);
+  const auto names = plugins_under_test();
+  for (WeightFormat f : kFormats) {
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}}) {
+      CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
+      const int64_t n_x = 70;
+      const auto x = random_vec(rng, static_cast<size_t>(n_x * hidden));
+      std::vector<HostMatrix> store;
+      std::vector<ExpertMatrices> experts;
+      const int row_counts[] = {0, 1, 4, 64, 3};
+      for (int e = 0; e < 5; ++e) {
+        store.push_back(random_matrix(rng, f, ffn, hidden));
+        store.push_back(random_matrix(rng, f, ffn, hidden));
+        store.push_back(random_matrix(rng, f, hidden, ffn));
+      }
+      for (int e = 0; e < 5; ++e) experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
+      std::vector<std::vector<int32_t>> rows(5);
+      std::uniform_int_distribution<int32_t> pick(0, n_x - 1);
+      for (int e = 0; e < 5; ++e) {
+        for (int r = 0; r < row_counts[e]; ++r) rows[e].push_back(pick(rng));
+      }
+      auto run = [&](const Backend& b) {
+        std::vector<std::vector<float>> out(5);
+        std::vector<ExpertTask> tasks;
+        for (int e = 0; e < 5; ++e) {
+          out[e].assign(rows[e].size() * static_cast<size_t>(hidden), NAN);
+          tasks.push_back({&experts[e], rows[e], out[e].data()});
+        }
+        b.expert_group(x.data(), n_x, hidden, tasks);
+        return out;
+      };
+      const auto want = run(*ref.dense);
+      // Spot-check the reference against double precision on the 1-row expert.
+      {
+        const float* xr = x.data() + rows[1][0] * hidden;
+        std::vector<float> h(static_cast<size_t>(ffn));
+        for (int64_t j = 0; j < ffn; ++j) {
+          const double g = ref_dot(store[3], j, xr), u = ref_dot(store[4], j, xr);
+          h[j] = static_cast<float>(g / (1 + std::exp(-g)) * u);
+        }
+        for (int64_t o = 0; o < hidden; ++o) {
+          const double r = ref_dot(store[5], o, h.data());
+          CHECK(std::fabs(want[1][o] - r) <= 1e-4 * (1 + std::fabs(r)));
+        }
+      }
+      for (const auto& name : names) {
+        for (int threads : {1, 0}) {
+          CAPTURE(name); CAPTURE(threads);
+          auto b = backends_named(name, threads);
+          CHECK(run(*b.experts.front()) == want);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bad arguments come back as errors, not crashes") {
+  auto b = backends_named("cpu_generic");
+  std::mt19937 rng(5);
+  const HostMatrix w = random_matrix(rng, WeightFormat::F32, 4, 8);
+  std::vector<float> x(16), y(8);
+  ExpertMatrices e{w.view(), w.view(), random_matrix(rng, WeightFormat::F32, 8, 4).view()};
+  std::vector<int32_t> rows = {0, 5};
+  std::vector<float> out(16);
+  ExpertTask t{&e, rows, out.data()};
+  CHECK_THROWS_WITH_AS(b.dense->expert_group(x.data(), 2, 8, std::span(&t, 1)),
+                       doctest::Contains("row index 5 outside [0, 2)"), Error);
+  Matrix q = w.view();
+  q.format = WeightFormat::Q4_G64;
+  CHECK(!b.dense->supports_matmul(WeightFormat::Q4_G64));
+  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()), doctest::Contains("Q4_G64 is not supported"), Error);
+  ExpertMatrices bad{w.view(), w.view(), w.view()};
+  ExpertTask tb{&bad, std::span<const int32_t>(rows.data(), 1), out.data()};
+  CHECK_THROWS_WITH_AS(b.dense->expert_group(x.data(), 2, 8, std::span(&tb, 1)),
+                       doctest::Contains("inconsistent gate/up/down shapes"), Error);
+}
