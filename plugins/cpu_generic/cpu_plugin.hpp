@@ -1,5 +1,6 @@
 // The vtable of an exact-mode CPU backend (shared by cpu_generic and cpu_avx512): error capture at the ABI
-// boundary, a oneTBB arena sized from the options, argument checks, dispatch to the float kernels.
+// boundary, a oneTBB arena sized from the options, argument checks, dispatch to the drivers with the plugin's
+// own row-block dot kernel.
 #pragma once
 
 #include <tbb/task_arena.h>
@@ -9,7 +10,7 @@
 #include <string>
 
 #include "kernels/dot.hpp"
-#include "kernels/float_kernels.hpp"
+#include "kernels/drivers.hpp"
 #include "strata/plugin_abi.h"
 
 namespace strata_cpu {
@@ -61,7 +62,7 @@ inline strata_status cpu_create(const strata_backend_options* options, strata_ba
 
 inline void cpu_destroy(strata_backend* b) { delete as_cpu(b); }
 
-inline int32_t cpu_supports(strata_backend*, int32_t dtype) { return is_float_format(dtype) ? 1 : 0; }
+inline int32_t cpu_supports(strata_backend*, int32_t dtype) { return is_float_format(dtype) || is_q4_format(dtype) ? 1 : 0; }
 
 inline const char* dtype_name(int32_t dtype) {
   switch (dtype) {
@@ -79,15 +80,20 @@ inline bool check_matrix(const strata_matrix* m, const char* what, strata_status
     *status = fail(STRATA_ERR_INVALID_ARGUMENT, std::string(what) + ": empty or NULL matrix");
     return false;
   }
-  if (!is_float_format(m->dtype)) {
+  if (!is_float_format(m->dtype) && !is_q4_format(m->dtype)) {
     *status = fail(STRATA_ERR_UNSUPPORTED, std::string(what) + ": weight format " + dtype_name(m->dtype) +
-                                               " is not supported by this backend (F32/BF16/F16 are)");
+                                               " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
+    return false;
+  }
+  if (is_q4_format(m->dtype) && m->scales == nullptr) {
+    *status = fail(STRATA_ERR_INVALID_ARGUMENT, std::string(what) + ": int4 matrix without scales");
     return false;
   }
   return true;
 }
 
-inline strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const float* x, int64_t n_x_rows,
+template <DotBlockFn Dot>
+strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const float* x, int64_t n_x_rows,
                                 float* y) {
   return guarded([&] {
     strata_status status = STRATA_OK;
@@ -97,12 +103,13 @@ inline strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const
       return fail(STRATA_ERR_INVALID_ARGUMENT, "matmul: bad activations");
     }
     if (n_x_rows == 0) return STRATA_OK;
-    as_cpu(b)->arena.execute([&] { matmul_float(*w, x, n_x_rows, y); });
+    as_cpu(b)->arena.execute([&] { matmul_driver(Dot, *w, x, n_x_rows, y); });
     return STRATA_OK;
   });
 }
 
-inline strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden,
+template <DotBlockFn Dot>
+strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden,
                                       int32_t n_tasks, const strata_expert_task* tasks) {
   return guarded([&] {
     strata_status status = STRATA_OK;
@@ -135,12 +142,13 @@ inline strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t
         }
       }
     }
-    as_cpu(b)->arena.execute([&] { expert_group_float(x, hidden, n_tasks, tasks); });
+    as_cpu(b)->arena.execute([&] { expert_group_driver(Dot, x, hidden, n_tasks, tasks); });
     return STRATA_OK;
   });
 }
 
-inline strata_plugin_vtable make_cpu_vtable(const char* name, const char* version, const char* description) {
+template <DotBlockFn Dot>
+strata_plugin_vtable make_cpu_vtable(const char* name, const char* version, const char* description) {
   strata_plugin_vtable v{};
   v.abi_version = STRATA_PLUGIN_ABI_VERSION;
   v.struct_size = sizeof(strata_plugin_vtable);
@@ -151,9 +159,9 @@ inline strata_plugin_vtable make_cpu_vtable(const char* name, const char* versio
   v.create = &cpu_create;
   v.destroy = &cpu_destroy;
   v.supports_matmul = &cpu_supports;
-  v.matmul = &cpu_matmul;
+  v.matmul = &cpu_matmul<Dot>;
   v.supports_expert_group = &cpu_supports;
-  v.expert_group = &cpu_expert_group;
+  v.expert_group = &cpu_expert_group<Dot>;
   return v;
 }
 

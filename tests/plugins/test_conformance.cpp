@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "strata/error.hpp"
+#include "strata/quant.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -15,8 +16,11 @@ struct HostMatrix {
   WeightFormat format;
   int64_t rows, cols;
   std::vector<std::byte> bytes;
-  Matrix view() const { return Matrix{format, rows, cols, bytes.data(), nullptr}; }
+  std::vector<float> scales;  // int4 formats
+  Matrix view() const { return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()}; }
 };
+
+bool is_q4(WeightFormat f) { return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64; }
 
 uint16_t to_bf16(float f) {
   uint32_t b;
@@ -26,9 +30,16 @@ uint16_t to_bf16(float f) {
 
 HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t rows, int64_t cols) {
   std::normal_distribution<float> d(0.0f, 0.5f);
-  HostMatrix m{fmt, rows, cols, {}};
+  HostMatrix m{fmt, rows, cols, {}, {}};
   const size_t n = static_cast<size_t>(rows * cols);
-  if (fmt == WeightFormat::F32) {
+  if (is_q4(fmt)) {
+    std::vector<float> f(n);
+    for (auto& v : f) v = d(rng);
+    const QuantizedMatrix q = quantize_q4(f, rows, cols, fmt);
+    m.bytes.resize(q.packed.size());
+    std::memcpy(m.bytes.data(), q.packed.data(), q.packed.size());
+    m.scales = q.scales;
+  } else if (fmt == WeightFormat::F32) {
     m.bytes.resize(n * 4);
     for (size_t i = 0; i < n; ++i) {
       const float v = d(rng);
@@ -55,9 +66,16 @@ std::vector<float> random_vec(std::mt19937& rng, size_t n) {
 // Plain double-precision reference, to check the reference itself is right (not only that plugins agree).
 double ref_dot(const HostMatrix& m, int64_t o, const float* x) {
   double s = 0;
+  std::vector<float> deq;
+  if (is_q4(m.format)) {
+    deq.resize(static_cast<size_t>(m.rows * m.cols));
+    dequantize_q4(m.view(), deq.data());
+  }
   for (int64_t i = 0; i < m.cols; ++i) {
     float w;
-    if (m.format == WeightFormat::F32) {
+    if (is_q4(m.format)) {
+      w = deq[static_cast<size_t>(o * m.cols + i)];
+    } else if (m.format == WeightFormat::F32) {
       std::memcpy(&w, m.bytes.data() + 4 * (o * m.cols + i), 4);
     } else {
       uint16_t h;
@@ -75,7 +93,15 @@ std::vector<std::string> plugins_under_test() {
   return names;
 }
 
-const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16};
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::Q4_ROW,
+                                 WeightFormat::Q4_G64};
+
+// The same matrix as F32 holding the dequantized values (the int4 exact-mode contract).
+HostMatrix dequantized(const HostMatrix& q) {
+  HostMatrix f{WeightFormat::F32, q.rows, q.cols, std::vector<std::byte>(static_cast<size_t>(q.rows * q.cols) * 4), {}};
+  dequantize_q4(q.view(), reinterpret_cast<float*>(f.bytes.data()));
+  return f;
+}
 
 }  // namespace
 
@@ -86,7 +112,7 @@ TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the referenc
   MESSAGE("plugins under test: " << fmt::format("{}", fmt::join(names, ", ")));
   struct Shape { int64_t o, i, s; };
   for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
-                   Shape{16, 2048, 2}}) {
+                   Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}}) {
     for (WeightFormat f : kFormats) {
       CAPTURE(sh.o); CAPTURE(sh.i); CAPTURE(sh.s); CAPTURE(weight_format_name(f));
       const HostMatrix w = random_matrix(rng, f, sh.o, sh.i);
@@ -108,6 +134,12 @@ TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the referenc
           CHECK(std::memcmp(y.data(), y0.data(), y.size() * 4) == 0);
         }
       }
+      if (is_q4(f)) {  // int4 = the float kernel on the dequantized weights, bit for bit
+        const HostMatrix fd = dequantized(w);
+        std::vector<float> yf(y0.size());
+        ref.dense->matmul(fd.view(), x.data(), sh.s, yf.data());
+        CHECK(std::memcmp(yf.data(), y0.data(), y0.size() * 4) == 0);
+      }
     }
   }
 }
@@ -117,7 +149,7 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
   auto ref = backends_named("cpu_generic", 0);
   const auto names = plugins_under_test();
   for (WeightFormat f : kFormats) {
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}}) {
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}, {200, 129}}) {
       CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
       const int64_t n_x = 70;
       const auto x = random_vec(rng, static_cast<size_t>(n_x * hidden));
@@ -183,8 +215,12 @@ TEST_CASE("bad arguments come back as errors, not crashes") {
                        doctest::Contains("row index 5 outside [0, 2)"), Error);
   Matrix q = w.view();
   q.format = WeightFormat::Q4_G64;
-  CHECK(!b.dense->supports_matmul(WeightFormat::Q4_G64));
-  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()), doctest::Contains("Q4_G64 is not supported"), Error);
+  CHECK(b.dense->supports_matmul(WeightFormat::Q4_G64));
+  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()), doctest::Contains("int4 matrix without scales"), Error);
+  q.format = static_cast<WeightFormat>(17);
+  CHECK(!b.dense->supports_matmul(q.format));
+  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()), doctest::Contains("is not supported by this backend"),
+                       Error);
   ExpertMatrices bad{w.view(), w.view(), w.view()};
   ExpertTask tb{&bad, std::span<const int32_t>(rows.data(), 1), out.data()};
   CHECK_THROWS_WITH_AS(b.dense->expert_group(x.data(), 2, 8, std::span(&tb, 1)),

@@ -12,6 +12,7 @@
 
 #include "strata/backend.hpp"
 #include "strata/model_spec.hpp"
+#include "strata/quant.hpp"
 #include "strata/registry.hpp"
 #include "strata/safetensors.hpp"
 
@@ -66,11 +67,19 @@ struct LayerWeights {
   MoeWeights experts;        // when moe
 };
 
+struct LoadOptions {
+  // Quantize float routed experts at load (Q4_ROW or Q4_G64); nullopt keeps them as stored. Experts already
+  // stored as int4 (U8 + `.qs`, a strata or colibri container) are used as they are.
+  std::optional<WeightFormat> expert_quant;
+};
+
 class Model {
  public:
   // Reads config.json and the safetensors of `dir`, checks every tensor's presence, dtype and shape, and
   // binds the backends that will run it. Tensors stay memory-mapped; only small ones are copied (to f32).
-  static std::shared_ptr<Model> load(const std::filesystem::path& dir, Backends backends);
+  // Weights may be F32/BF16/F16, or int4 (U8 [O, ceil(I/2)] with F32 scales under `<name>.qs`).
+  static std::shared_ptr<Model> load(const std::filesystem::path& dir, Backends backends,
+                                     const LoadOptions& options = {});
 
   const ModelSpec& spec() const { return spec_; }
   const Backends& backends() const { return backends_; }
@@ -95,7 +104,9 @@ class Model {
   ModelSpec spec_;
   Backends backends_;
   std::unique_ptr<SafetensorsSet> st_;
-  std::vector<std::vector<std::byte>> owned_;  // buffers made at load (transposed slices)
+  std::vector<std::vector<std::byte>> owned_;  // buffers made at load (transposed slices, realigned copies)
+  std::vector<std::unique_ptr<QuantizedMatrix>> quantized_;  // experts quantized at load
+  LoadOptions options_;
   Matrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;

@@ -32,21 +32,82 @@ class ModelLoader {
     return *ref;
   }
 
-  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    TensorRef ref = tensor(name, {rows, cols});
+  // A pointer whose alignment the kernels may rely on: copies the bytes when the file placed them off their
+  // element alignment (safetensors does not align tensors).
+  const void* aligned(const std::byte* p, size_t bytes, size_t align) {
+    if (reinterpret_cast<uintptr_t>(p) % align == 0) return p;
+    m_.owned_.emplace_back(p, p + bytes);
+    return m_.owned_.back().data();
+  }
+
+  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) {
+    auto ref = m_.st_->find(name);
+    if (ref && ref->info->dtype == DType::U8) return q4_matrix(*ref, name, rows, cols);
+    TensorRef t = tensor(name, {rows, cols});
     Matrix mat;
-    switch (ref.info->dtype) {
+    switch (t.info->dtype) {
       case DType::F32: mat.format = WeightFormat::F32; break;
       case DType::BF16: mat.format = WeightFormat::BF16; break;
       case DType::F16: mat.format = WeightFormat::F16; break;
       default:
-        fail(kComp, "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16", ref.file->path().string(), name,
-             dtype_name(ref.info->dtype));
+        fail(kComp, "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16 (or U8 int4 with '{}.qs' scales)",
+             t.file->path().string(), name, dtype_name(t.info->dtype), name);
     }
     mat.rows = rows;
     mat.cols = cols;
-    mat.data = ref.data();
+    mat.data = aligned(t.data(), t.info->nbytes, dtype_size(t.info->dtype));
     return mat;
+  }
+
+  // An int4 tensor: U8 [O, ceil(I/2)] plus F32 scales `<name>.qs` with O (Q4_ROW) or O·ceil(I/64) (Q4_G64) values.
+  Matrix q4_matrix(const TensorRef& ref, const std::string& name, int64_t rows, int64_t cols) {
+    const std::string file = ref.file->path().string();
+    if (ref.info->shape != std::vector<int64_t>{rows, q4_row_bytes(cols)}) {
+      fail(kComp, "{}: int4 tensor '{}' has shape {}, expected [{}, {}] (packed nibbles of a [{}, {}] matrix)", file,
+           name, ref.info->shape_str(), rows, q4_row_bytes(cols), rows, cols);
+    }
+    auto qs = m_.st_->find(name + ".qs");
+    if (!qs) fail(kComp, "{}: int4 tensor '{}' has no scales tensor '{}.qs'", file, name, name);
+    if (qs->info->dtype != DType::F32) {
+      fail(kComp, "{}: scales '{}.qs' have dtype {}, expected F32", qs->file->path().string(), name,
+           dtype_name(qs->info->dtype));
+    }
+    const int64_t n = qs->info->numel(), ng = q4_scales_per_row(WeightFormat::Q4_G64, cols);
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    if (n == rows * ng) {
+      m.format = WeightFormat::Q4_G64;  // with I <= 64 the two formats are the same bytes
+    } else if (n == rows) {
+      m.format = WeightFormat::Q4_ROW;
+    } else {
+      fail(kComp, "{}: scales '{}.qs' hold {} values, expected {} (Q4_ROW) or {} (Q4_G64)", qs->file->path().string(),
+           name, n, rows, rows * ng);
+    }
+    m.data = ref.data();
+    m.scales = static_cast<const float*>(aligned(qs->data(), qs->info->nbytes, 4));
+    return m;
+  }
+
+  // Routed experts may be quantized at load (LoadOptions::expert_quant).
+  Matrix expert_matrix(const std::string& name, int64_t rows, int64_t cols) {
+    Matrix m = matrix(name, rows, cols);
+    const auto q = m_.options_.expert_quant;
+    if (!q || m.format == WeightFormat::Q4_ROW || m.format == WeightFormat::Q4_G64) return m;
+    std::vector<float> f(static_cast<size_t>(rows * cols));
+    for (int64_t o = 0; o < rows; ++o) {
+      for (int64_t i = 0; i < cols; ++i) {
+        const size_t k = static_cast<size_t>(o * cols + i);
+        if (m.format == WeightFormat::F32) {
+          f[k] = static_cast<const float*>(m.data)[k];
+        } else {
+          const uint16_t h = static_cast<const uint16_t*>(m.data)[k];
+          f[k] = m.format == WeightFormat::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+      }
+    }
+    m_.quantized_.push_back(std::make_unique<QuantizedMatrix>(quantize_q4(f, rows, cols, *q)));
+    return m_.quantized_.back()->view();
   }
 
   std::vector<float> vector_f32(const std::string& name, std::initializer_list<int64_t> shape) const {
@@ -79,10 +140,11 @@ class ModelLoader {
 
   bool has(const std::string& name) const { return m_.st_->find(name).has_value(); }
 
-  ExpertMatrices mlp(const std::string& prefix, int64_t ffn) const {
+  ExpertMatrices mlp(const std::string& prefix, int64_t ffn, bool routed = false) {
     const int64_t h = m_.spec_.hidden;
-    return ExpertMatrices{matrix(prefix + ".gate_proj.weight", ffn, h), matrix(prefix + ".up_proj.weight", ffn, h),
-                          matrix(prefix + ".down_proj.weight", h, ffn)};
+    auto get = [&](const std::string& n, int64_t r, int64_t c) { return routed ? expert_matrix(n, r, c) : matrix(n, r, c); };
+    return ExpertMatrices{get(prefix + ".gate_proj.weight", ffn, h), get(prefix + ".up_proj.weight", ffn, h),
+                          get(prefix + ".down_proj.weight", h, ffn)};
   }
 
   // Rows [r0, r0 + n) of a matrix, as a view.
@@ -150,6 +212,10 @@ class ModelLoader {
       a.kv_a_norm = vector_f32(p + "self_attn.kv_a_layernorm.weight", {s.kv_lora_rank});
       const int64_t per_head = s.qk_nope_dim + s.v_head_dim;
       const Matrix kv_b = matrix(p + "self_attn.kv_b_proj.weight", s.n_heads * per_head, s.kv_lora_rank);
+      if (kv_b.scales != nullptr) {
+        fail(kComp, "{}: '{}self_attn.kv_b_proj.weight' is int4; it must stay F32/BF16/F16 (it is split per head "
+             "for absorbed attention)", m_.dir_.string(), p);
+      }
       for (int64_t h = 0; h < s.n_heads; ++h) {
         a.k_absorb.push_back(transposed_slice(kv_b, h * per_head, s.qk_nope_dim));
         a.v_up.push_back(row_slice(kv_b, h * per_head + s.qk_nope_dim, s.v_head_dim));
@@ -180,7 +246,7 @@ class ModelLoader {
     }
     e.experts.reserve(static_cast<size_t>(s.n_experts));
     for (int64_t x = 0; x < s.n_experts; ++x) {
-      e.experts.push_back(mlp(fmt::format("{}mlp.experts.{}", p, x), s.moe_intermediate));
+      e.experts.push_back(mlp(fmt::format("{}mlp.experts.{}", p, x), s.moe_intermediate, true));
     }
     if (s.n_shared_experts > 0) {
       e.has_shared = true;
@@ -213,6 +279,7 @@ class ModelLoader {
   void load() {
     const ModelSpec& s = m_.spec_;
     m_.embed_ = matrix("model.embed_tokens.weight", s.vocab, s.hidden);
+    if (m_.embed_.scales != nullptr) fail(kComp, "{}: the embedding must be F32/BF16/F16, not int4", m_.dir_.string());
     if (s.tie_embeddings && !has("lm_head.weight")) {
       m_.lm_head_ = m_.embed_;
     } else {
@@ -228,12 +295,13 @@ class ModelLoader {
   Model& m_;
 };
 
-std::shared_ptr<Model> Model::load(const fs::path& dir, Backends backends) {
+std::shared_ptr<Model> Model::load(const fs::path& dir, Backends backends, const LoadOptions& options) {
   if (!fs::is_directory(dir)) fail(kComp, "{}: not a model directory", dir.string());
   std::shared_ptr<Model> m(new Model());
   m->dir_ = dir;
   m->spec_ = load_model_spec(dir);
   m->backends_ = std::move(backends);
+  m->options_ = options;
   m->st_ = std::make_unique<SafetensorsSet>(dir);
   ModelLoader(*m).load();
   return m;

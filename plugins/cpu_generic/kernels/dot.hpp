@@ -74,8 +74,9 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
-// Row o of a float-format matrix as f32. Returns a pointer into the weights when the format is already F32,
-// otherwise decodes into scratch (which must hold cols floats) and returns scratch.
+// Row o of a matrix as f32. Returns a pointer into the weights when the format is already F32, otherwise decodes
+// into scratch (which must hold cols floats) and returns scratch. int4 weights decode as (nibble − 8) · scale,
+// one f32 multiply: the exact-mode int4 kernels are the float kernels applied to these values.
 inline const float* row_f32(const strata_matrix& w, int64_t o, float* scratch) {
   const int64_t n = w.cols;
   switch (w.dtype) {
@@ -91,6 +92,18 @@ inline const float* row_f32(const strata_matrix& w, int64_t o, float* scratch) {
       for (int64_t i = 0; i < n; ++i) scratch[i] = f16_to_f32(src[i]);
       return scratch;
     }
+    case STRATA_DTYPE_Q4_ROW:
+    case STRATA_DTYPE_Q4_G64: {
+      const auto* src = static_cast<const uint8_t*>(w.data) + o * ((n + 1) / 2);
+      const bool grouped = w.dtype == STRATA_DTYPE_Q4_G64;
+      const float* sc = w.scales + (grouped ? o * ((n + 63) / 64) : o);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t b = src[i / 2];
+        const int nib = (i % 2 == 0) ? (b & 0x0f) : (b >> 4);
+        scratch[i] = static_cast<float>(nib - 8) * sc[grouped ? i / 64 : 0];
+      }
+      return scratch;
+    }
     default:
       return nullptr;
   }
@@ -99,5 +112,12 @@ inline const float* row_f32(const strata_matrix& w, int64_t o, float* scratch) {
 inline bool is_float_format(int32_t dtype) {
   return dtype == STRATA_DTYPE_F32 || dtype == STRATA_DTYPE_BF16 || dtype == STRATA_DTYPE_F16;
 }
+
+inline bool is_q4_format(int32_t dtype) { return dtype == STRATA_DTYPE_Q4_ROW || dtype == STRATA_DTYPE_Q4_G64; }
+
+// y[s * y_stride + j] = W[o0 + j] · x[s * x_stride ..] for j in [0, o1 - o0), s in [0, n_x): one canonical dot
+// per output. Implemented once portable and once with AVX-512; both must agree bit for bit.
+using DotBlockFn = void (*)(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x,
+                            int64_t x_stride, float* y, int64_t y_stride);
 
 }  // namespace strata_cpu
