@@ -11,6 +11,7 @@
 
 #include "strata/error.hpp"
 #include "strata/model.hpp"
+#include "strata/quant.hpp"
 #include "strata/registry.hpp"
 #include "strata/runtime_config.hpp"
 #include "strata/safetensors.hpp"
@@ -36,7 +37,9 @@ Loaded load(const ModelOptions& o) {
   Loaded l;
   l.config = config_of(o.common);
   l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
-  l.model = Model::load(o.model, choose_backends(*l.registry, l.config));
+  LoadOptions lo;
+  lo.expert_quant = parse_quant_name(o.quant);
+  l.model = Model::load(o.model, choose_backends(*l.registry, l.config), lo);
   return l;
 }
 

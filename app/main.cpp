@@ -23,6 +23,8 @@ int main(int argc, char** argv) {
     add_common(sc);
     sc->add_option("--model", mo.model, "Hugging Face model directory (config.json + *.safetensors)")->required();
     if (need_ids) sc->add_option("--ids", mo.ids, "comma-separated token ids, e.g. 3,17,42")->required();
+    sc->add_option("--quant", mo.quant, "quantize float routed experts at load: q4_g64, q4_row or none")
+        ->check(CLI::IsMember({"q4_g64", "q4_row", "none"}));
   };
 
   auto* plugins = app.add_subcommand("plugins", "list the backend plugins found, their scores, and which are chosen");
@@ -46,6 +48,15 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "report a model's shapes, parameter counts and KV bytes per token");
   add_model(inspect, false);
 
+  ConvertCliOptions co;
+  auto* convert = app.add_subcommand("convert", "convert a Hugging Face checkpoint into a strata int4 container");
+  convert->add_option("--in", co.in, "Hugging Face model directory (config.json + *.safetensors)")->required();
+  convert->add_option("--out", co.out, "output container directory (built in DIR.partial, renamed at the end)")->required();
+  convert->add_option("--format", co.format, "routed experts: q4_g64 (default) or q4_row");
+  convert->add_option("--dense-format", co.dense, "other 2-D weights: keep (default), bf16 or q4_g64");
+  convert->add_option("--shard-size-mb", co.shard_size_mb, "target size of an output shard in MiB (default 2048)");
+  convert->add_flag("--force", co.force, "replace an existing strata container at --out");
+
   CLI11_PARSE(app, argc, argv);
   try {
     mo.common = common;
@@ -53,6 +64,7 @@ int main(int argc, char** argv) {
     if (*logits) return cmd_logits(mo, prefill, out);
     if (*generate) return cmd_generate(mo, max_new, print_ids);
     if (*inspect) return cmd_inspect(mo);
+    if (*convert) return cmd_convert(co);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata: %s\n", e.what());
     return 1;

@@ -65,6 +65,35 @@ TEST_CASE("fixtures match transformers: logits, greedy tokens, prefill vs decode
   }
 }
 
+TEST_CASE("Q4_G64 fixtures: experts quantized at load match transformers as tightly as float") {
+  int checked = 0;
+  for (const auto& dir : model_fixtures()) {
+    const auto meta = nlohmann::json::parse(read_text(dir / "expected.json"));
+    if (meta.value("variant", "") != "q4g64") continue;
+    CAPTURE(dir.filename().string());
+    const Expected ex = load_expected(dir);
+    LoadOptions lo;
+    lo.expert_quant = WeightFormat::Q4_G64;
+    auto model = Model::load(dir, backends_named(), lo);
+    REQUIRE(model->layers().back().experts.experts[0].gate.format == WeightFormat::Q4_G64);
+    const auto full = run_logits(model, ex.sequence, ex.sequence.size());
+    const float dev = max_abs_diff(full, ex.logits);
+    MESSAGE(dir.filename().string() << " (Q4_G64 at load): max |logit - transformers| = " << dev);
+    CHECK(dev <= kLogitTolerance);
+    CHECK(run_logits(model, ex.sequence, 1) == full);
+    Session s(model);
+    const auto gen = generate_greedy(s, ex.prompt, static_cast<int64_t>(ex.sequence.size() - ex.prompt.size()));
+    CHECK(gen == std::vector<int32_t>(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()),
+                                      ex.sequence.end()));
+    // Q4_ROW is lossy on these weights (one scale per row): it runs, and stays close.
+    lo.expert_quant = WeightFormat::Q4_ROW;
+    const auto row = run_logits(Model::load(dir, backends_named(), lo), ex.sequence, ex.sequence.size());
+    CHECK(max_abs_diff(row, ex.logits) < 5.0f);
+    ++checked;
+  }
+  CHECK(checked >= 3);
+}
+
 TEST_CASE("every CPU plugin gives bitwise identical logits on every fixture") {
   const auto& reg = build_registry();
   REQUIRE(reg.find("cpu_generic") != nullptr);
@@ -78,6 +107,11 @@ TEST_CASE("every CPU plugin gives bitwise identical logits on every fixture") {
     const auto a = run_logits(Model::load(dir, backends_named("cpu_generic")), ex.sequence, ex.sequence.size());
     const auto b = run_logits(Model::load(dir, backends_named("cpu_avx512")), ex.sequence, ex.sequence.size());
     CHECK(a == b);
+    LoadOptions lo;
+    lo.expert_quant = WeightFormat::Q4_G64;
+    const auto qa = run_logits(Model::load(dir, backends_named("cpu_generic"), lo), ex.sequence, ex.sequence.size());
+    const auto qb = run_logits(Model::load(dir, backends_named("cpu_avx512"), lo), ex.sequence, ex.sequence.size());
+    CHECK(qa == qb);
   }
 }
 
