@@ -1,5 +1,5 @@
-// Core f32 math used by the forward pass (norms, rope, softmax, dot) — the same canonical reduction order as
-// the exact-mode CPU plugins (see plugins/cpu_generic/kernels/dot.hpp).
+// Core f32 math used by the forward pass (norms, rope, softmax, dot). The core's own dot (router logits, attention
+// scores) has its fixed order below; the plugins' exact-mode order is in plugins/cpu_generic/kernels/dot.hpp.
 #pragma once
 
 #include <cmath>
@@ -13,7 +13,7 @@ namespace strata::ops {
 constexpr int kLanes = 16;
 
 // 16 lanes, lane l sums i ≡ l (mod 16) in increasing i with separate multiply and add, then a pairwise fold
-// (8, 4, 2, 1). Identical to strata_cpu::dot_f32.
+// (8, 4, 2, 1). Deterministic whatever the thread count (one thread computes each dot).
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;

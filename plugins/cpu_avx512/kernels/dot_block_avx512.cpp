@@ -1,5 +1,7 @@
-// AVX-512 exact-mode dot kernel for F32/BF16/F16/Q4_ROW/Q4_G64 weights: register-blocked 4 rows × 4 x rows,
-// bitwise identical to the portable kernel (canonical order in plugins/cpu_generic/kernels/dot.hpp).
+// AVX-512 exact-mode dot kernel for F32/BF16/F16/Q4_ROW/Q4_G64 weights, bitwise identical to the portable kernel:
+// the canonical order (plugins/cpu_generic/kernels/dot.hpp) keeps even and odd columns in separate accumulators,
+// so 32 weights decode with no cross-lane shuffle. x rows are de-interleaved once per call (evens, then odds, per
+// 32 columns), and up to 4 weight rows × 2 x rows (or 2 × 4) accumulate at once to hide the add latency.
 #include "dot_block_avx512.hpp"
 
 #include <immintrin.h>
@@ -7,47 +9,68 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace strata_cpu {
 namespace {
 
 enum class Fmt { F32, BF16, F16, Q4Row, Q4G64 };
 
-// 16 weights of row `row` starting at column i0 (i0 a multiple of 16), as f32. `rem` < 16 means a tail: only
-// `rem` columns exist and nothing past them is read; the other lanes are zero or garbage (masked by the caller).
+struct Decoded {
+  __m512 even, odd;
+};
+
+// Weights of one row for the 32 columns starting at i (a multiple of 32). rem < 32 marks the last partial block:
+// nothing past column i + rem is read, and lanes beyond it hold values the caller masks out.
 template <Fmt F>
-inline __m512 load_w(const void* row, const float* scales, int64_t i0, int rem) {
-  const __mmask16 m = rem >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << rem) - 1);
+inline Decoded decode(const void* row, __m512 table, int64_t i, int rem) {
   if constexpr (F == Fmt::F32) {
-    return _mm512_maskz_loadu_ps(m, static_cast<const float*>(row) + i0);
-  } else if constexpr (F == Fmt::BF16) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + i0);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  } else if constexpr (F == Fmt::F16) {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + i0);
-    return _mm512_cvtph_ps(h);
-  } else {
-    const auto* bytes = static_cast<const uint8_t*>(row) + i0 / 2;
-    __m128i b;
-    if (rem >= 16) {
-      b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+    const float* p = static_cast<const float*>(row) + i;
+    const __mmask16 ma = rem >= 16 ? 0xffff : static_cast<__mmask16>((1u << rem) - 1);
+    const __mmask16 mb = rem >= 32 ? 0xffff : (rem > 16 ? static_cast<__mmask16>((1u << (rem - 16)) - 1) : 0);
+    const __m512 a = _mm512_maskz_loadu_ps(ma, p);
+    const __m512 b = _mm512_maskz_loadu_ps(mb, p + 16);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return {_mm512_permutex2var_ps(a, ie, b), _mm512_permutex2var_ps(a, io, b)};
+  } else if constexpr (F == Fmt::BF16 || F == Fmt::F16) {
+    const auto* p = static_cast<const uint16_t*>(row) + i;
+    const __mmask32 m = rem >= 32 ? 0xffffffffu : static_cast<__mmask32>((1ull << rem) - 1);
+    const __m512i v = _mm512_maskz_loadu_epi16(m, p);  // dword j = col 2j+1 << 16 | col 2j
+    if constexpr (F == Fmt::BF16) {
+      return {_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)),
+              _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
     } else {
-      uint64_t tmp = 0x8888888888888888ull;
-      std::memcpy(&tmp, bytes, static_cast<size_t>((rem + 1) / 2));
-      b = _mm_cvtsi64_si128(static_cast<long long>(tmp));
+      return {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)))};
     }
-    const __m128i low4 = _mm_set1_epi8(0x0f);
-    const __m128i lo = _mm_and_si128(b, low4);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), low4);
-    const __m128i nib = _mm_unpacklo_epi8(lo, hi);  // column order: lo0 hi0 lo1 hi1 ...
-    const __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(nib), _mm512_set1_epi32(8));
-    const float s = F == Fmt::Q4G64 ? scales[i0 / 64] : scales[0];
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s));
+  } else {
+    const auto* p = static_cast<const uint8_t*>(row) + i / 2;
+    __m128i b;
+    if (rem >= 32) {
+      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    } else {
+      alignas(16) uint8_t tmp[16];
+      std::memset(tmp, 0x88, sizeof tmp);
+      std::memcpy(tmp, p, static_cast<size_t>((rem + 1) / 2));
+      b = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+    }
+    // Byte j holds column 2j (low nibble) and 2j+1 (high nibble); the permutes read only the low 4 bits of each
+    // index, so the table lookup of (nibble - 8) * scale needs no masking.
+    const __m512i v = _mm512_cvtepu8_epi32(b);
+    return {_mm512_permutexvar_ps(v, table), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table)};
   }
 }
 
-// The canonical fold: lanes l += l+8, then +4, +2, +1.
-inline float fold(__m512 v) {
+// (t - 8) · s for t = 0..15: the 16 values an int4 weight with scale s can take, each one f32 multiply, exactly
+// as the portable decode computes them.
+inline __m512 q4_table(float s) {
+  const __m512 q = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm512_mul_ps(q, _mm512_set1_ps(s));
+}
+
+// The canonical fold of the 32 accumulators: t = even + odd, then lanes l += l+8, +4, +2, +1.
+inline float fold(__m512 even, __m512 odd) {
+  const __m512 v = _mm512_add_ps(even, odd);
   const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -56,45 +79,89 @@ inline float fold(__m512 v) {
 }
 
 template <Fmt F, int R, int S>
-void kernel(const void* const* rows, const float* const* scales, int64_t n, const float* x, int64_t x_stride, float* y,
+void kernel(const void* const* rows, const float* const* scales, int64_t n, const float* xd, int64_t xd_stride, float* y,
             int64_t y_stride) {
-  __m512 acc[R][S];
+  __m512 ae[R][S], ao[R][S];
   for (int r = 0; r < R; ++r) {
-    for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
+    for (int s = 0; s < S; ++s) ae[r][s] = ao[r][s] = _mm512_setzero_ps();
+  }
+  __m512 table[R];
+  for (int r = 0; r < R; ++r) table[r] = _mm512_setzero_ps();
+  if constexpr (F == Fmt::Q4Row) {
+    for (int r = 0; r < R; ++r) table[r] = q4_table(scales[r][0]);
   }
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 w[R];
-    for (int r = 0; r < R; ++r) w[r] = load_w<F>(rows[r], scales[r], i, 16);
-    for (int s = 0; s < S; ++s) {
-      const __m512 xv = _mm512_loadu_ps(x + s * x_stride + i);
-      for (int r = 0; r < R; ++r) acc[r][s] = _mm512_add_ps(acc[r][s], _mm512_mul_ps(w[r], xv));
+  for (; i + 32 <= n; i += 32) {
+    if constexpr (F == Fmt::Q4G64) {
+      if (i % 64 == 0) {
+        for (int r = 0; r < R; ++r) table[r] = q4_table(scales[r][i / 64]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const Decoded w = decode<F>(rows[r], table[r], i, 32);
+      for (int s = 0; s < S; ++s) {
+        const float* xs = xd + s * xd_stride + i;
+        ae[r][s] = _mm512_add_ps(ae[r][s], _mm512_mul_ps(w.even, _mm512_loadu_ps(xs)));
+        ao[r][s] = _mm512_add_ps(ao[r][s], _mm512_mul_ps(w.odd, _mm512_loadu_ps(xs + 16)));
+      }
     }
   }
   if (i < n) {
     const int rem = static_cast<int>(n - i);
-    const auto m = static_cast<__mmask16>((1u << rem) - 1);
-    __m512 w[R];
-    for (int r = 0; r < R; ++r) w[r] = load_w<F>(rows[r], scales[r], i, rem);
-    for (int s = 0; s < S; ++s) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + s * x_stride + i);
-      for (int r = 0; r < R; ++r) acc[r][s] = _mm512_mask_add_ps(acc[r][s], m, acc[r][s], _mm512_mul_ps(w[r], xv));
+    const auto me = static_cast<__mmask16>((1u << ((rem + 1) / 2)) - 1);
+    const auto mo = static_cast<__mmask16>((1u << (rem / 2)) - 1);
+    if constexpr (F == Fmt::Q4G64) {
+      if (i % 64 == 0) {
+        for (int r = 0; r < R; ++r) table[r] = q4_table(scales[r][i / 64]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const Decoded w = decode<F>(rows[r], table[r], i, rem);
+      for (int s = 0; s < S; ++s) {
+        const float* xs = xd + s * xd_stride + i;
+        ae[r][s] = _mm512_mask_add_ps(ae[r][s], me, ae[r][s], _mm512_mul_ps(w.even, _mm512_loadu_ps(xs)));
+        ao[r][s] = _mm512_mask_add_ps(ao[r][s], mo, ao[r][s], _mm512_mul_ps(w.odd, _mm512_loadu_ps(xs + 16)));
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
-    for (int s = 0; s < S; ++s) y[s * y_stride + r] = fold(acc[r][s]);
+    for (int s = 0; s < S; ++s) y[s * y_stride + r] = fold(ae[r][s], ao[r][s]);
   }
 }
 
 template <Fmt F, int R>
-void kernel_rows(int s_count, const void* const* rows, const float* const* scales, int64_t n, const float* x,
-                 int64_t x_stride, float* y, int64_t y_stride) {
+void kernel_s(int s_count, const void* const* rows, const float* const* scales, int64_t n, const float* xd,
+              int64_t xd_stride, float* y, int64_t y_stride) {
   switch (s_count) {
-    case 4: return kernel<F, R, 4>(rows, scales, n, x, x_stride, y, y_stride);
-    case 3: return kernel<F, R, 3>(rows, scales, n, x, x_stride, y, y_stride);
-    case 2: return kernel<F, R, 2>(rows, scales, n, x, x_stride, y, y_stride);
-    default: return kernel<F, R, 1>(rows, scales, n, x, x_stride, y, y_stride);
+    case 4: return kernel<F, R, 4>(rows, scales, n, xd, xd_stride, y, y_stride);
+    case 3: return kernel<F, R, 3>(rows, scales, n, xd, xd_stride, y, y_stride);
+    case 2: return kernel<F, R, 2>(rows, scales, n, xd, xd_stride, y, y_stride);
+    default: return kernel<F, R, 1>(rows, scales, n, xd, xd_stride, y, y_stride);
   }
+}
+
+// x rows de-interleaved per 32 columns (16 evens, then 16 odds), zero-padded to a whole block.
+const float* deinterleave(const float* x, int64_t n_x, int64_t x_stride, int64_t n, int64_t* out_stride) {
+  thread_local std::vector<float> buf;
+  const int64_t padded = (n + 31) / 32 * 32;
+  if (buf.size() < static_cast<size_t>(n_x * padded)) buf.resize(static_cast<size_t>(n_x * padded));
+  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  for (int64_t s = 0; s < n_x; ++s) {
+    const float* src = x + s * x_stride;
+    float* dst = buf.data() + s * padded;
+    for (int64_t i = 0; i < padded; i += 32) {
+      const int64_t rem = n - i;
+      const __mmask16 ma = rem >= 16 ? 0xffff : static_cast<__mmask16>((1u << rem) - 1);
+      const __mmask16 mb = rem >= 32 ? 0xffff : (rem > 16 ? static_cast<__mmask16>((1u << (rem - 16)) - 1) : 0);
+      const __m512 a = _mm512_maskz_loadu_ps(ma, src + i);
+      const __m512 b = _mm512_maskz_loadu_ps(mb, src + i + 16);
+      _mm512_storeu_ps(dst + i, _mm512_permutex2var_ps(a, ie, b));
+      _mm512_storeu_ps(dst + i + 16, _mm512_permutex2var_ps(a, io, b));
+    }
+  }
+  *out_stride = padded;
+  return buf.data();
 }
 
 template <Fmt F>
@@ -111,24 +178,29 @@ void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x,
     row_bytes = static_cast<size_t>((n + 1) / 2);
     scales_per_row = F == Fmt::Q4G64 ? (n + 63) / 64 : 1;
   }
+  int64_t xd_stride = 0;
+  const float* xd = deinterleave(x, n_x, x_stride, n, &xd_stride);
   const auto* base = static_cast<const uint8_t*>(w.data);
-  for (int64_t o = o0; o < o1; o += 4) {
-    const int rr = static_cast<int>(std::min<int64_t>(4, o1 - o));
+  // 32 registers: 4 weight rows × 2 x rows (16 accumulators) for decode-sized batches, 2 × 4 beyond.
+  const int rows_per_step = n_x <= 2 ? 4 : 2;
+  const int xs_per_step = n_x <= 2 ? 2 : 4;
+  for (int64_t o = o0; o < o1; o += rows_per_step) {
+    const int rr = static_cast<int>(std::min<int64_t>(rows_per_step, o1 - o));
     const void* rows[4];
     const float* sc[4] = {nullptr, nullptr, nullptr, nullptr};
     for (int r = 0; r < rr; ++r) {
       rows[r] = base + static_cast<size_t>(o + r) * row_bytes;
       if (scales_per_row > 0) sc[r] = w.scales + (o + r) * scales_per_row;
     }
-    for (int64_t s0 = 0; s0 < n_x; s0 += 4) {
-      const int ss = static_cast<int>(std::min<int64_t>(4, n_x - s0));
-      const float* xs = x + s0 * x_stride;
+    for (int64_t s0 = 0; s0 < n_x; s0 += xs_per_step) {
+      const int ss = static_cast<int>(std::min<int64_t>(xs_per_step, n_x - s0));
+      const float* xs = xd + s0 * xd_stride;
       float* ys = y + s0 * y_stride + (o - o0);
       switch (rr) {
-        case 4: kernel_rows<F, 4>(ss, rows, sc, n, xs, x_stride, ys, y_stride); break;
-        case 3: kernel_rows<F, 3>(ss, rows, sc, n, xs, x_stride, ys, y_stride); break;
-        case 2: kernel_rows<F, 2>(ss, rows, sc, n, xs, x_stride, ys, y_stride); break;
-        default: kernel_rows<F, 1>(ss, rows, sc, n, xs, x_stride, ys, y_stride); break;
+        case 4: kernel_s<F, 4>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
+        case 3: kernel_s<F, 3>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
+        case 2: kernel_s<F, 2>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
+        default: kernel_s<F, 1>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
       }
     }
   }

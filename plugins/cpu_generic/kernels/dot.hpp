@@ -10,13 +10,18 @@ namespace strata_cpu {
 
 // The canonical reduction order of every exact-mode CPU kernel (DESIGN §6). Any backend that claims exact mode
 // must reproduce it bit for bit:
-//   - 16 lanes; lane l accumulates the products w[i] * x[i] for i ≡ l (mod 16), in increasing i, each as a
-//     rounded multiply followed by a rounded add (never a fused multiply-add);
-//   - the tail (n not a multiple of 16) continues the same rule, so it is a masked 16-lane step;
-//   - the 16 lane sums are folded pairwise: s[l] += s[l + 8] for l < 8, then + 4, + 2, + 1; s[0] is the result.
-// 16 lanes is one AVX-512 register of f32, so the AVX-512 plugin does exactly this with vector instructions;
-// the portable version is written so that compilers vectorize it without changing a single rounding.
+//   - columns go in blocks of 32; column offset c within a block feeds accumulator E[c / 2] when c is even and
+//     O[c / 2] when c is odd (32 accumulators, 16 "even" lanes and 16 "odd" lanes);
+//   - each accumulator adds its products in increasing column order, each product a rounded multiply followed
+//     by a rounded add (never a fused multiply-add); a last partial block continues the same rule;
+//   - then t[l] = E[l] + O[l] for l < 16, and t is folded pairwise: t[l] += t[l + 8] for l < 8, then + 4, + 2,
+//     + 1; t[0] is the result.
+// Why this shape: int4 weights store columns 2j and 2j+1 in the low and high nibble of byte j, and BF16 pairs
+// share a 32-bit word, so with even and odd columns in separate accumulators an AVX-512 kernel decodes 32
+// weights with no cross-lane shuffle (one zero-extend and two table permutes for int4, a shift and a mask for
+// BF16). The portable kernels below are written in the same order, so both builds agree bit for bit.
 constexpr int kLanes = 16;
+constexpr int kBlock = 2 * kLanes;
 
 inline float fold_lanes(float* acc) {
   for (int width = kLanes / 2; width >= 1; width /= 2) {
@@ -26,19 +31,23 @@ inline float fold_lanes(float* acc) {
 }
 
 inline float dot_f32(const float* __restrict w, const float* __restrict x, int64_t n) {
-  float acc[kLanes] = {};
+  float even[kLanes] = {}, odd[kLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
+  for (; i + kBlock <= n; i += kBlock) {
     for (int l = 0; l < kLanes; ++l) {
-      const float p = w[i + l] * x[i + l];
-      acc[l] = acc[l] + p;
+      const float pe = w[i + 2 * l] * x[i + 2 * l];
+      const float po = w[i + 2 * l + 1] * x[i + 2 * l + 1];
+      even[l] = even[l] + pe;
+      odd[l] = odd[l] + po;
     }
   }
-  for (int l = 0; i + l < n; ++l) {
-    const float p = w[i + l] * x[i + l];
-    acc[l] = acc[l] + p;
+  for (int c = 0; i + c < n; ++c) {
+    const float p = w[i + c] * x[i + c];
+    float& a = (c % 2 == 0) ? even[c / 2] : odd[c / 2];
+    a = a + p;
   }
-  return fold_lanes(acc);
+  for (int l = 0; l < kLanes; ++l) even[l] = even[l] + odd[l];
+  return fold_lanes(even);
 }
 
 inline float bf16_to_f32(uint16_t h) {
