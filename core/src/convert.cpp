@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <fmt/ranges.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -253,7 +254,6 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
   auto where = [](const TensorRef& r) { return r.file->path().string(); };
 
   // FP8 block scales: each belongs to the weight named without the suffix.
-  std::set<std::string> scales_used;
   for (const auto& [name, ref] : set.all()) {
     if (!name.ends_with(kScaleSuffix)) continue;
     const std::string wname = name.substr(0, name.size() - std::strlen(kScaleSuffix));
@@ -291,7 +291,6 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
              dtype_name(sc->info->dtype), sc->info->shape_str(), so, si, t.shape_str());
       }
       src.scale = *sc;
-      scales_used.insert(sname);
     } else if (!is_float(t.dtype)) {
       fail(kComp, "{}: tensor '{}' has dtype {}; expected BF16, F16, F32, or F8_E4M3 with a '{}{}' block scale",
            where(ref), name, dtype_name(t.dtype), name, kScaleSuffix);
@@ -382,7 +381,7 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
     plan.tensors_out += static_cast<int64_t>(it.outs.size());
     plan.bytes_out += it.out_bytes;
   }
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.home < b.home; });
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.home < b.home; });
   plan.items = std::move(items);
   if (plan.items.empty()) fail(kComp, "{}: the checkpoint holds no tensors to convert", set.dir().string());
 
@@ -531,7 +530,10 @@ std::vector<std::vector<std::byte>> convert_one(const Conv& c) {
 class ShardFile {
  public:
   explicit ShardFile(fs::path path) : path_(std::move(path)) {
-    tmp_ = (path_.parent_path() / ("." + path_.filename().string() + ".tmp.XXXXXX")).string();
+    std::string name(1, '.');
+    name += path_.filename().string();
+    name += ".tmp.XXXXXX";
+    tmp_ = (path_.parent_path() / name).string();
     fd_ = ::mkstemp(tmp_.data());
     if (fd_ < 0) fail(kComp, "{}: cannot create a temporary file: {}", path_.string(), std::strerror(errno));
     buf_.resize(8 << 20);
@@ -600,6 +602,27 @@ class ShardFile {
   std::vector<std::byte> buf_;
   size_t used_ = 0;
   uint64_t written_ = 0;
+};
+
+// An exclusive lock (flock) on a folder for the life of the object.
+class DirLock {
+ public:
+  explicit DirLock(const fs::path& dir) {
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) fail(kComp, "{}: cannot open: {}", dir.string(), std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      if (e == EWOULDBLOCK) fail(kComp, "{} is being written by another strata convert; wait for it to finish", dir.string());
+      fail(kComp, "{}: cannot lock: {}", dir.string(), std::strerror(e));
+    }
+  }
+  ~DirLock() { ::close(fd_); }
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
+
+ private:
+  int fd_ = -1;
 };
 
 bool is_temp_name(const std::string& n) { return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos; }
@@ -722,41 +745,42 @@ ConvertResult run(const ConvertOptions& o) {
                   {"done", json::array()}};
   const fs::path jpath = p.partial / kJournal;
 
-  // The partial folder: resume it, or start it.
+  // The partial folder: resume it, or start it. It is locked first, so two conversions never share it.
   std::map<std::string, uint64_t> recorded;
-  if (fs::exists(p.partial)) {
-    if (!fs::is_directory(p.partial)) fail(kComp, "{} exists and is not a directory; remove it", p.partial.string());
-    if (fs::exists(jpath)) {
-      json was;
-      try {
-        was = json::parse(read_file_text(jpath));
-      } catch (const json::exception& e) {
-        fail(kComp, "{}: the journal of the interrupted conversion is not valid JSON ({}); remove {} to start over",
-             jpath.string(), e.what(), p.partial.string());
-      }
-      const std::string diff = differences(was, journal);
-      if (!diff.empty()) {
-        if (!o.force) {
-          fail(kComp, "{} holds an interrupted conversion that cannot be resumed with these arguments: {}. Rerun it "
-               "with the same arguments and input, or pass --force (or remove the folder) to start over",
-               p.partial.string(), diff);
-        }
-        fs::remove_all(p.partial);
-      } else {
-        for (const auto& d : was.value("done", json::array())) {
-          recorded[d.value("file", std::string())] = d.value("size", uint64_t{0});
-        }
-      }
-    } else {
-      for (const auto& e : fs::directory_iterator(p.partial)) {
-        if (!is_temp_name(e.path().filename().string())) {
-          fail(kComp, "{} exists and is not a strata conversion in progress (no {}); remove it or choose another --out",
-               p.partial.string(), kJournal);
-        }
+  const bool existed = fs::exists(p.partial);
+  if (existed && !fs::is_directory(p.partial)) fail(kComp, "{} exists and is not a directory; remove it", p.partial.string());
+  if (existed && !fs::exists(jpath)) {
+    for (const auto& e : fs::directory_iterator(p.partial)) {
+      if (!is_temp_name(e.path().filename().string())) {
+        fail(kComp, "{} exists and is not a strata conversion in progress (no {}); remove it or choose another --out",
+             p.partial.string(), kJournal);
       }
     }
   }
   fs::create_directories(p.partial);
+  const DirLock lock(p.partial);
+  if (existed && fs::exists(jpath)) {
+    json was;
+    try {
+      was = json::parse(read_file_text(jpath));
+    } catch (const json::exception& e) {
+      fail(kComp, "{}: the journal of the interrupted conversion is not valid JSON ({}); remove {} to start over",
+           jpath.string(), e.what(), p.partial.string());
+    }
+    const std::string diff = differences(was, journal);
+    if (!diff.empty()) {
+      if (!o.force) {
+        fail(kComp, "{} holds an interrupted conversion that cannot be resumed with these arguments: {}. Rerun it "
+             "with the same arguments and input, or pass --force (or remove the folder) to start over",
+             p.partial.string(), diff);
+      }
+      for (const auto& e : fs::directory_iterator(p.partial)) fs::remove_all(e.path());  // --force: start over
+    } else {
+      for (const auto& d : was.value("done", json::array())) {
+        recorded[d.value("file", std::string())] = d.value("size", uint64_t{0});
+      }
+    }
+  }
   for (const auto& e : fs::directory_iterator(p.partial)) {
     if (is_temp_name(e.path().filename().string())) fs::remove(e.path());  // leftovers of a killed writer
   }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Bundles the built binaries, plugins and the non-system shared libraries they need into one folder, so the GPU
+# machine (no apt there) can run them: tools/device/bundle.sh [BUILD_DIR] [OUT_DIR]; then run with
+# LD_LIBRARY_PATH=OUT_DIR/lib OUT_DIR/bin/<program>.
+set -euo pipefail
+build=${1:-build}
+out=${2:-devbundle}
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib/strata/plugins"
+for b in strata bench_kernels bench_decode; do
+  [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/bin/"
+done
+cp "$build"/lib/libstrata_core.so "$out/lib/"
+cp "$build"/lib/strata/plugins/*.so "$out/lib/strata/plugins/"
+# Libraries outside glibc / the C++ runtime that the binaries need (TBB, fmt, yaml-cpp, Boost, ...).
+for f in "$out"/bin/* "$out"/lib/*.so "$out"/lib/strata/plugins/*.so; do
+  ldd "$f" | awk '/=> \// {print $3}' | grep -v "/devbundle/\|libstrata_"
+done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux)[.-]' | while read -r lib; do
+  cp -L "$lib" "$out/lib/"
+done
+strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so* "$out"/lib/strata/plugins/*.so 2>/dev/null || true
+du -sh "$out"
