@@ -1,7 +1,8 @@
 // AVX-512 exact-mode dot kernel for F32/BF16/F16/Q4_ROW/Q4_G64 weights, bitwise identical to the portable kernel:
 // the canonical order (plugins/cpu_generic/kernels/dot.hpp) keeps even and odd columns in separate accumulators,
-// so 32 weights decode with no cross-lane shuffle. x rows are de-interleaved once per call (evens, then odds, per
-// 32 columns), and up to 4 weight rows × 2 x rows (or 2 × 4) accumulate at once to hide the add latency.
+// so 32 weights decode with no cross-lane shuffle against x in blocked layout (evens, then odds, per 32 columns,
+// prepared once per call by the drivers), and up to 4 weight rows × 2 x rows (or 2 × 4) accumulate at once to hide
+// the add latency.
 #include "dot_block_avx512.hpp"
 
 #include <immintrin.h>
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 namespace strata_cpu {
 namespace {
@@ -78,9 +78,13 @@ inline float fold(__m512 even, __m512 odd) {
   return _mm_cvtss_f32(d);
 }
 
+// Bytes of weights per 32 columns.
+template <Fmt F>
+constexpr int64_t kBlockBytes = F == Fmt::F32 ? 128 : (F == Fmt::BF16 || F == Fmt::F16) ? 64 : 16;
+
 template <Fmt F, int R, int S>
 void kernel(const void* const* rows, const float* const* scales, int64_t n, const float* xd, int64_t xd_stride, float* y,
-            int64_t y_stride) {
+            int64_t y_stride, int64_t row_bytes) {
   __m512 ae[R][S], ao[R][S];
   for (int r = 0; r < R; ++r) {
     for (int s = 0; s < S; ++s) ae[r][s] = ao[r][s] = _mm512_setzero_ps();
@@ -92,6 +96,15 @@ void kernel(const void* const* rows, const float* const* scales, int64_t n, cons
   }
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    // Expert rows are short (1-3 KB of int4), so each row is a new stream for the hardware prefetcher; fetch the
+    // next R rows (the next step of this block, contiguous after these) one cache line per row ahead of use.
+    // Measured on the 2-core AVX-512 dev VM, one GLM-5.2 expert layer in Q4_G64, 1 row: 46 % -> 72 % of the read
+    // bandwidth (1 thread), cold 128-expert projection shape 42 % -> 78 %.
+    if ((i * kBlockBytes<F> / 32) % 64 == 0) {
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(static_cast<const char*>(rows[r]) + R * row_bytes + i * kBlockBytes<F> / 32, _MM_HINT_T0);
+      }
+    }
     if constexpr (F == Fmt::Q4G64) {
       if (i % 64 == 0) {
         for (int r = 0; r < R; ++r) table[r] = q4_table(scales[r][i / 64]);
@@ -101,8 +114,8 @@ void kernel(const void* const* rows, const float* const* scales, int64_t n, cons
       const Decoded w = decode<F>(rows[r], table[r], i, 32);
       for (int s = 0; s < S; ++s) {
         const float* xs = xd + s * xd_stride + i;
-        ae[r][s] = _mm512_add_ps(ae[r][s], _mm512_mul_ps(w.even, _mm512_loadu_ps(xs)));
-        ao[r][s] = _mm512_add_ps(ao[r][s], _mm512_mul_ps(w.odd, _mm512_loadu_ps(xs + 16)));
+        ae[r][s] = _mm512_fmadd_ps(w.even, _mm512_loadu_ps(xs), ae[r][s]);
+        ao[r][s] = _mm512_fmadd_ps(w.odd, _mm512_loadu_ps(xs + 16), ao[r][s]);
       }
     }
   }
@@ -119,8 +132,8 @@ void kernel(const void* const* rows, const float* const* scales, int64_t n, cons
       const Decoded w = decode<F>(rows[r], table[r], i, rem);
       for (int s = 0; s < S; ++s) {
         const float* xs = xd + s * xd_stride + i;
-        ae[r][s] = _mm512_mask_add_ps(ae[r][s], me, ae[r][s], _mm512_mul_ps(w.even, _mm512_loadu_ps(xs)));
-        ao[r][s] = _mm512_mask_add_ps(ao[r][s], mo, ao[r][s], _mm512_mul_ps(w.odd, _mm512_loadu_ps(xs + 16)));
+        ae[r][s] = _mm512_mask3_fmadd_ps(w.even, _mm512_loadu_ps(xs), ae[r][s], me);
+        ao[r][s] = _mm512_mask3_fmadd_ps(w.odd, _mm512_loadu_ps(xs + 16), ao[r][s], mo);
       }
     }
   }
@@ -131,37 +144,13 @@ void kernel(const void* const* rows, const float* const* scales, int64_t n, cons
 
 template <Fmt F, int R>
 void kernel_s(int s_count, const void* const* rows, const float* const* scales, int64_t n, const float* xd,
-              int64_t xd_stride, float* y, int64_t y_stride) {
+              int64_t xd_stride, float* y, int64_t y_stride, int64_t row_bytes) {
   switch (s_count) {
-    case 4: return kernel<F, R, 4>(rows, scales, n, xd, xd_stride, y, y_stride);
-    case 3: return kernel<F, R, 3>(rows, scales, n, xd, xd_stride, y, y_stride);
-    case 2: return kernel<F, R, 2>(rows, scales, n, xd, xd_stride, y, y_stride);
-    default: return kernel<F, R, 1>(rows, scales, n, xd, xd_stride, y, y_stride);
+    case 4: return kernel<F, R, 4>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    case 3: return kernel<F, R, 3>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    case 2: return kernel<F, R, 2>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    default: return kernel<F, R, 1>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
   }
-}
-
-// x rows de-interleaved per 32 columns (16 evens, then 16 odds), zero-padded to a whole block.
-const float* deinterleave(const float* x, int64_t n_x, int64_t x_stride, int64_t n, int64_t* out_stride) {
-  thread_local std::vector<float> buf;
-  const int64_t padded = (n + 31) / 32 * 32;
-  if (buf.size() < static_cast<size_t>(n_x * padded)) buf.resize(static_cast<size_t>(n_x * padded));
-  const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  for (int64_t s = 0; s < n_x; ++s) {
-    const float* src = x + s * x_stride;
-    float* dst = buf.data() + s * padded;
-    for (int64_t i = 0; i < padded; i += 32) {
-      const int64_t rem = n - i;
-      const __mmask16 ma = rem >= 16 ? 0xffff : static_cast<__mmask16>((1u << rem) - 1);
-      const __mmask16 mb = rem >= 32 ? 0xffff : (rem > 16 ? static_cast<__mmask16>((1u << (rem - 16)) - 1) : 0);
-      const __m512 a = _mm512_maskz_loadu_ps(ma, src + i);
-      const __m512 b = _mm512_maskz_loadu_ps(mb, src + i + 16);
-      _mm512_storeu_ps(dst + i, _mm512_permutex2var_ps(a, ie, b));
-      _mm512_storeu_ps(dst + i + 16, _mm512_permutex2var_ps(a, io, b));
-    }
-  }
-  *out_stride = padded;
-  return buf.data();
 }
 
 template <Fmt F>
@@ -178,9 +167,10 @@ void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x,
     row_bytes = static_cast<size_t>((n + 1) / 2);
     scales_per_row = F == Fmt::Q4G64 ? (n + 63) / 64 : 1;
   }
-  int64_t xd_stride = 0;
-  const float* xd = deinterleave(x, n_x, x_stride, n, &xd_stride);
+  const float* xd = x;  // already in blocked layout (dot.hpp)
+  const int64_t xd_stride = x_stride;
   const auto* base = static_cast<const uint8_t*>(w.data);
+  const auto rb = static_cast<int64_t>(row_bytes);
   // 32 registers: 4 weight rows × 2 x rows (16 accumulators) for decode-sized batches, 2 × 4 beyond.
   const int rows_per_step = n_x <= 2 ? 4 : 2;
   const int xs_per_step = n_x <= 2 ? 2 : 4;
@@ -197,10 +187,10 @@ void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x,
       const float* xs = xd + s0 * xd_stride;
       float* ys = y + s0 * y_stride + (o - o0);
       switch (rr) {
-        case 4: kernel_s<F, 4>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
-        case 3: kernel_s<F, 3>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
-        case 2: kernel_s<F, 2>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
-        default: kernel_s<F, 1>(ss, rows, sc, n, xs, xd_stride, ys, y_stride); break;
+        case 4: kernel_s<F, 4>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
+        case 3: kernel_s<F, 3>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
+        case 2: kernel_s<F, 2>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
+        default: kernel_s<F, 1>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
       }
     }
   }
