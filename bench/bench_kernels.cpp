@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <set>
@@ -112,14 +113,16 @@ int main(int argc, char** argv) {
   PluginRegistry reg(plugin_search_path({}));
   std::mt19937 rng(3);
 
-  // Suite 1: one GLM-5.2 layer's routed work: 8 experts, the same rows routed to each. Rotating over 3 layers'
-  // worth of distinct experts keeps it cold (8 experts alone exceed most last-level caches at this size).
+  // Suite 1: one GLM-5.2 layer's routed work: 8 experts, the same rows routed to each. Runs rotate over enough
+  // layers' worth of distinct experts to exceed 2.5x the last-level cache, so every run reads from memory.
   {
     const int64_t hidden = 6144, ffn = 2048;
-    const int layers = 3;
+    const double per_layer = 8.0 * 3 * static_cast<double>(ffn * hidden) * (f == WeightFormat::BF16 ? 2.0 : 0.53);
+    const int layers = std::max(3, static_cast<int>(2.5 * static_cast<double>(std::max(llc, 0L)) / per_layer) + 1);
     Pool pool = make_pool(f, 8 * layers, hidden, ffn);
-    fmt::print("\nGLM-5.2 expert layer: 8 experts of gate/up {}x{}, down {}x{}; {:.1f} MB per expert\n", ffn, hidden,
-               hidden, ffn, pool.bytes_per_expert / 1e6);
+    fmt::print("\nGLM-5.2 expert layer: 8 experts of gate/up {}x{}, down {}x{}; {:.1f} MB per expert; cold (rotating "
+               "over {} layers, {:.0f} MB)\n", ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6, layers,
+               8 * layers * pool.bytes_per_expert / 1e6);
     fmt::print("{:<12} {:>5} {:>11} {:>9} {:>8}\n", "plugin", "rows", "median ms", "GB/s", "% of bw");
     for (const auto* p : reg.ranked()) {
       if (!only.empty() && p->name != only) continue;
@@ -137,7 +140,7 @@ int main(int argc, char** argv) {
         }
         int next = 0;
         std::vector<float> xin(static_cast<size_t>(rows * hidden), 0.01f);
-        std::vector<float> out(static_cast<size_t>(rows * hidden * 8 * layers));
+        std::vector<float> out(static_cast<size_t>(rows * hidden) * 8 * static_cast<size_t>(layers));
         const double s = bench::median_seconds(reps * layers, [&] {
           const Layer& l = ls[static_cast<size_t>(next++ % layers)];
           std::vector<ExpertTask> tasks;
@@ -156,10 +159,13 @@ int main(int argc, char** argv) {
   // or the whole pool, which fits the cache; cold: rotating over 4 pools so every run reads from memory.
   {
     const int64_t hidden = 2048, ffn = 768;
-    const int n_exp = 128, pools = 4;
+    const int n_exp = 128;
+    const double pool_bytes = n_exp * 3.0 * static_cast<double>(ffn * hidden) * (f == WeightFormat::BF16 ? 2.0 : 0.53);
+    const int pools = std::max(2, static_cast<int>(2.5 * static_cast<double>(std::max(llc, 0L)) / pool_bytes) + 1);
     Pool pool = make_pool(f, n_exp * pools, hidden, ffn);
-    fmt::print("\nprojection shape: {} experts of {}x{} (gate/up) + {}x{} (down), top-8; {:.2f} MB per expert\n", n_exp,
-               ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6);
+    fmt::print("\nprojection shape: {} experts of {}x{} (gate/up) + {}x{} (down), top-8; {:.2f} MB per expert; cold "
+               "rotates over {} pools ({:.0f} MB)\n", n_exp, ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6, pools,
+               pools * n_exp * pool.bytes_per_expert / 1e6);
     fmt::print("{:<12} {:>5} {:>5} {:>8} {:>11} {:>9} {:>8}\n", "plugin", "n", "used", "cache", "median ms", "GB/s", "% of bw");
     for (const auto* p : reg.ranked()) {
       if (!only.empty() && p->name != only) continue;
