@@ -21,8 +21,8 @@ namespace {
 const char* const kSideFiles[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                   "special_tokens_map.json"};
 
-// A Hugging Face folder made from a fixture: config.json, its weights (model.safetensors, or `n_shards` shards
-// with an index when a `shard_of` assignment is given) and tokenizer/generation files. The fixture's
+// A Hugging Face folder made from a fixture: config.json, its weights (model.safetensors, or `n_shards`
+// shards with an index when a `shard_of` assignment is given) and tokenizer/generation files. The fixture's
 // expected.safetensors stays behind (it is not part of the checkpoint).
 struct InputDir {
   TempDir tmp;
@@ -43,12 +43,14 @@ struct InputDir {
     SafetensorsFile f(fixtures_dir() / fixture / "model.safetensors");
     std::vector<TensorToWrite> ts;
     std::vector<std::vector<std::byte>> keep;
-    for (const auto& [name, info] : f.tensors()) ts.push_back({name, info.dtype, info.shape, std::span(f.data(info), info.nbytes)});
+    for (const auto& [name, info] : f.tensors())
+      ts.push_back({name, info.dtype, info.shape, std::span(f.data(info), info.nbytes)});
     if (edit) edit(ts, keep);
     write_shards(ts, n_shards, shard_of);
     add_side_files();
   }
-  void write_shards(const std::vector<TensorToWrite>& ts, int n, const std::function<int(const std::string&)>& shard_of) {
+  void write_shards(const std::vector<TensorToWrite>& ts, int n,
+                    const std::function<int(const std::string&)>& shard_of) {
     if (n == 1 && !shard_of) {
       write_safetensors(dir / "model.safetensors", ts, {{"format", "pt"}});
       return;
@@ -65,10 +67,12 @@ struct InputDir {
       }
       write_safetensors(dir / file, part, {{"format", "pt"}});
     }
-    write_text(dir / "model.safetensors.index.json", nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", wm}}.dump());
+    write_text(dir / "model.safetensors.index.json",
+               nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", wm}}.dump());
   }
   void add_side_files() {
-    for (const char* f : kSideFiles) write_text(dir / f, fmt::format("{{\"file\": \"{}\", \"x\": [1, 2, 3]}}\n", f));
+    for (const char* f : kSideFiles)
+      write_text(dir / f, fmt::format("{{\"file\": \"{}\", \"x\": [1, 2, 3]}}\n", f));
   }
   fs::path out(const char* name = "out") const { return tmp.path() / name; }
 };
@@ -89,7 +93,8 @@ struct Container {
   explicit Container(const fs::path& dir) {
     index = nlohmann::json::parse(read_text(dir / "model.safetensors.index.json"));
     std::set<std::string> names;
-    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) names.insert(it->get<std::string>());
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
+      names.insert(it->get<std::string>());
     uint64_t total = 0;
     for (const auto& n : names) {
       files.push_back(std::make_unique<SafetensorsFile>(dir / n));
@@ -107,7 +112,9 @@ struct Container {
     REQUIRE_MESSAGE(it != tensors.end(), n);
     return *it->second.second;
   }
-  const std::byte* data(const std::string& n) const { return tensors.at(n).first->data(*tensors.at(n).second); }
+  const std::byte* data(const std::string& n) const {
+    return tensors.at(n).first->data(*tensors.at(n).second);
+  }
   const SafetensorsFile* file(const std::string& n) const { return tensors.at(n).first; }
 };
 
@@ -125,7 +132,8 @@ std::vector<float> to_f32(const std::byte* p, DType t, int64_t n) {
   return v;
 }
 
-std::vector<float> dequant(const Container& c, const std::string& name, int64_t rows, int64_t cols, WeightFormat f) {
+std::vector<float> dequant(const Container& c, const std::string& name, int64_t rows, int64_t cols,
+                           WeightFormat f) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   std::vector<float> scales(static_cast<size_t>(c.info(name + ".qs").numel()));
   std::memcpy(scales.data(), c.data(name + ".qs"), scales.size() * 4);
@@ -145,7 +153,8 @@ uint8_t e4m3_encode(float x) {
   const float a = std::min(std::fabs(x), 448.0f);
   int best = 0;
   for (int c = 0; c <= 0x7e; ++c) {
-    const float d = std::fabs(e4m3_ref(static_cast<uint8_t>(c)) - a), db = std::fabs(e4m3_ref(static_cast<uint8_t>(best)) - a);
+    const float d = std::fabs(e4m3_ref(static_cast<uint8_t>(c)) - a),
+                db = std::fabs(e4m3_ref(static_cast<uint8_t>(best)) - a);
     if (d < db || (d == db && c % 2 == 0 && best % 2 == 1)) best = c;
   }
   return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
@@ -176,7 +185,9 @@ std::map<std::string, std::string> folder_bytes(const fs::path& dir) {
   return m;
 }
 
-std::string bin() { return std::string("'") + STRATA_BIN + "'"; }
+std::string bin() {
+  return std::string("'") + STRATA_BIN + "'";
+}
 
 }  // namespace
 
@@ -221,43 +232,49 @@ TEST_CASE("e4m3 decoder and bf16 rounding") {
 }
 
 TEST_CASE("grid-aligned experts convert losslessly and the container runs like transformers") {
-  InputDir in("glm_moe_dsa-tiny-q4");
-  const ConvertResult r = convert_checkpoint(options(in.dir, in.out()));
-  CHECK(r.experts > 0);
-  CHECK(r.output_shards == 1);
-  const Container c(in.out());
-  SafetensorsFile src(in.dir / "model.safetensors");
-  int n = 0;
-  for (const auto& [name, info] : src.tensors()) {
-    if (tensor_role(name, info.shape.size()) != TensorRole::RoutedExpert) continue;
-    REQUIRE(info.dtype == DType::F32);
-    const auto got = dequant(c, name, info.shape[0], info.shape[1], WeightFormat::Q4_G64);
-    const auto want = to_f32(src.data(info), DType::F32, info.numel());
-    // Bit for bit, except that int4 has no -0: the fixture's -0.0 weights come back as +0.0.
-    size_t differ = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const bool same_bits = std::memcmp(&got[i], &want[i], 4) == 0;
-      if (!same_bits && !(got[i] == 0.0f && want[i] == 0.0f)) ++differ;
+  // glm_moe_dsa-tiny-q4 from the shared fixtures, plus two held-out grid models of other shapes and families.
+  for (const char* fixture : {"glm_moe_dsa-tiny-q4", "glm_moe_dsa-q4-alt", "qwen3_moe-q4-alt"}) {
+    CAPTURE(fixture);
+    InputDir in(fixture);
+    const ConvertResult r = convert_checkpoint(options(in.dir, in.out()));
+    CHECK(r.experts > 0);
+    CHECK(r.output_shards == 1);
+    const Container c(in.out());
+    SafetensorsFile src(in.dir / "model.safetensors");
+    int n = 0;
+    for (const auto& [name, info] : src.tensors()) {
+      if (tensor_role(name, info.shape.size()) != TensorRole::RoutedExpert) continue;
+      REQUIRE(info.dtype == DType::F32);
+      const auto got = dequant(c, name, info.shape[0], info.shape[1], WeightFormat::Q4_G64);
+      const auto want = to_f32(src.data(info), DType::F32, info.numel());
+      // Bit for bit, except that int4 has no -0: the fixture's -0.0 weights come back as +0.0.
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const bool same_bits = std::memcmp(&got[i], &want[i], 4) == 0;
+        if (!same_bits && !(got[i] == 0.0f && want[i] == 0.0f)) ++differ;
+      }
+      CHECK_MESSAGE(differ == 0, name);
+      ++n;
     }
-    CHECK_MESSAGE(differ == 0, name);
-    ++n;
-  }
-  CHECK(n == 3 * r.experts);
+    CHECK(n == 3 * r.experts);
 
-  const Expected ex = load_expected(fixtures_dir() / "glm_moe_dsa-tiny-q4");
-  auto model = Model::load(in.out(), backends_named());
-  REQUIRE(model->layers().back().experts.experts[0].gate.format == WeightFormat::Q4_G64);
-  const auto logits = run_logits(model, ex.sequence);
-  const float dev = max_abs_diff(logits, ex.logits);
-  MESSAGE("converted glm_moe_dsa-tiny-q4: max |logit - transformers| = " << dev);
-  CHECK(dev <= 1e-3f);
-  Session s(model);
-  const auto gen = generate_greedy(s, ex.prompt, static_cast<int64_t>(ex.sequence.size() - ex.prompt.size()));
-  CHECK(gen == std::vector<int32_t>(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()), ex.sequence.end()));
-  // The same bits as quantizing the original at load.
-  LoadOptions lo;
-  lo.expert_quant = WeightFormat::Q4_G64;
-  CHECK(run_logits(Model::load(fixtures_dir() / "glm_moe_dsa-tiny-q4", backends_named(), lo), ex.sequence) == logits);
+    const Expected ex = load_expected(fixtures_dir() / fixture);
+    auto model = Model::load(in.out(), backends_named());
+    REQUIRE(model->layers().back().experts.experts[0].gate.format == WeightFormat::Q4_G64);
+    const auto logits = run_logits(model, ex.sequence);
+    const float dev = max_abs_diff(logits, ex.logits);
+    MESSAGE("converted " << std::string(fixture) << ": max |logit - transformers| = " << dev);
+    CHECK(dev <= 1e-3f);
+    Session s(model);
+    const auto gen =
+        generate_greedy(s, ex.prompt, static_cast<int64_t>(ex.sequence.size() - ex.prompt.size()));
+    CHECK(gen == std::vector<int32_t>(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()),
+                                      ex.sequence.end()));
+    // The same bits as quantizing the original at load.
+    LoadOptions lo;
+    lo.expert_quant = WeightFormat::Q4_G64;
+    CHECK(run_logits(Model::load(fixtures_dir() / fixture, backends_named(), lo), ex.sequence) == logits);
+  }
 }
 
 TEST_CASE("every family converts: expert layout, f32 norms and router, index, config, manifest, side files") {
@@ -302,7 +319,8 @@ TEST_CASE("every family converts: expert layout, f32 norms and router, index, co
         CHECK(o2.shape == info.shape);
         if (role == TensorRole::F32) {
           CHECK(o2.dtype == DType::F32);
-          CHECK(to_f32(c.data(name), DType::F32, o2.numel()) == to_f32(src.data(info), info.dtype, info.numel()));
+          CHECK(to_f32(c.data(name), DType::F32, o2.numel()) ==
+                to_f32(src.data(info), info.dtype, info.numel()));
         } else {
           CHECK(o2.dtype == info.dtype);  // --dense-format keep
           CHECK(std::memcmp(c.data(name), src.data(info), info.nbytes) == 0);
@@ -313,8 +331,9 @@ TEST_CASE("every family converts: expert layout, f32 norms and router, index, co
       // Each expert's six tensors lie back to back in one shard: gate, gate.qs, up, up.qs, down, down.qs.
       for (const auto& k : expert_keys) {
         CAPTURE(k);
-        const std::vector<std::string> six = {k + ".gate_proj.weight", k + ".gate_proj.weight.qs", k + ".up_proj.weight",
-                                              k + ".up_proj.weight.qs", k + ".down_proj.weight", k + ".down_proj.weight.qs"};
+        const std::vector<std::string> six = {k + ".gate_proj.weight", k + ".gate_proj.weight.qs",
+                                              k + ".up_proj.weight",   k + ".up_proj.weight.qs",
+                                              k + ".down_proj.weight", k + ".down_proj.weight.qs"};
         for (size_t i = 1; i < six.size(); ++i) {
           CHECK(c.file(six[i]) == c.file(six[0]));
           CHECK(c.info(six[i]).offset == c.info(six[i - 1]).offset + c.info(six[i - 1]).nbytes);
@@ -322,9 +341,10 @@ TEST_CASE("every family converts: expert layout, f32 norms and router, index, co
       }
       const auto cfg = nlohmann::json::parse(read_text(in.out() / "config.json"));
       auto orig = nlohmann::json::parse(read_text(in.dir / "config.json"));
-      CHECK(cfg["strata_container"] == nlohmann::json{{"version", 1},
-                                                      {"experts", fmt == WeightFormat::Q4_G64 ? "q4_g64" : "q4_row"},
-                                                      {"dense", "keep"}});
+      CHECK(cfg["strata_container"] ==
+            nlohmann::json{{"version", 1},
+                           {"experts", fmt == WeightFormat::Q4_G64 ? "q4_g64" : "q4_row"},
+                           {"dense", "keep"}});
       orig["strata_container"] = cfg["strata_container"];
       CHECK(cfg == orig);
       const auto man = nlohmann::json::parse(read_text(in.out() / "strata-manifest.json"));
@@ -383,8 +403,8 @@ TEST_CASE("dense formats: bf16 rounds to nearest even, q4_g64 quantizes like the
 }
 
 TEST_CASE("sharded output, interruption and resumption: same bytes, recorded shards skipped") {
-  // Input in three shards: embeddings alone first (they fill exactly the first output shard), one expert split
-  // across shards 1 and 2 (held until complete).
+  // Input in three shards: embeddings alone first (they fill exactly the first output shard), one expert
+  // split across shards 1 and 2 (held until complete).
   const std::string split = "model.layers.1.mlp.experts.3.";
   auto shard_of = [&](const std::string& n) {
     if (n == "model.embed_tokens.weight" || n == "lm_head.weight") return 0;
@@ -399,7 +419,8 @@ TEST_CASE("sharded output, interruption and resumption: same bytes, recorded sha
   CHECK(whole.input_shards == 3);
   {
     const Container c(in.out("whole"));
-    for (const char* p : {"gate_proj.weight", "gate_proj.weight.qs", "up_proj.weight", "down_proj.weight.qs"}) {
+    for (const char* p :
+         {"gate_proj.weight", "gate_proj.weight.qs", "up_proj.weight", "down_proj.weight.qs"}) {
       CHECK(c.file(split + p) == c.file(split + "gate_proj.weight"));
     }
   }
@@ -419,7 +440,8 @@ TEST_CASE("sharded output, interruption and resumption: same bytes, recorded sha
   ConvertOptions other = o;
   other.experts = WeightFormat::Q4_ROW;
   other.stop_after_shards = 0;
-  CHECK_THROWS_WITH_AS(convert_checkpoint(other), doctest::Contains("cannot be resumed with these arguments"), Error);
+  CHECK_THROWS_WITH_AS(convert_checkpoint(other), doctest::Contains("cannot be resumed with these arguments"),
+                       Error);
   CHECK(fs::exists(partial / "convert-journal.json"));
 
   // A recorded shard that was damaged afterwards is written again; intact ones are kept.
@@ -450,7 +472,8 @@ TEST_CASE("sharded output, interruption and resumption: same bytes, recorded sha
   o.progress = nullptr;
   o.stop_after_shards = 2;
   CHECK_THROWS_AS(convert_checkpoint(o), Error);
-  const std::string first = nlohmann::json::parse(read_text(partial2 / "convert-journal.json"))["done"][0]["file"];
+  const std::string first =
+      nlohmann::json::parse(read_text(partial2 / "convert-journal.json"))["done"][0]["file"];
   fs::resize_file(partial2 / first, 1000);
   o.stop_after_shards = 0;
   const ConvertResult redone = convert_checkpoint(o);
@@ -477,7 +500,8 @@ TEST_CASE("FP8 e4m3 with 128x128 block scales: dense to BF16, experts to int4, s
         for (int64_t bi = 0; bi < si; ++bi) {
           float amax = 0;
           for (int64_t o = bo * 128; o < std::min(O, bo * 128 + 128); ++o)
-            for (int64_t i = bi * 128; i < std::min(I, bi * 128 + 128); ++i) amax = std::max(amax, std::fabs(w[o * I + i]));
+            for (int64_t i = bi * 128; i < std::min(I, bi * 128 + 128); ++i)
+              amax = std::max(amax, std::fabs(w[o * I + i]));
           scale[bo * si + bi] = amax > 0 ? amax / 448.0f : 1.0f;
         }
       }
@@ -503,7 +527,8 @@ TEST_CASE("FP8 e4m3 with 128x128 block scales: dense to BF16, experts to int4, s
   };
   // Two input shards: expert 5 of layer 2 split (gate in the first), one weight's scale in the other shard.
   auto shard_of = [](const std::string& n) {
-    if (n.starts_with("model.layers.2.mlp.experts.5.")) return n.find("gate_proj") != std::string::npos ? 0 : 1;
+    if (n.starts_with("model.layers.2.mlp.experts.5."))
+      return n.find("gate_proj") != std::string::npos ? 0 : 1;
     if (n == "model.layers.1.self_attn.o_proj.weight_scale_inv") return 1;
     return n < "model.layers.2" ? 0 : 1;
   };
@@ -520,7 +545,8 @@ TEST_CASE("FP8 e4m3 with 128x128 block scales: dense to BF16, experts to int4, s
     const TensorInfo& o = c.info(name);
     if (role == TensorRole::RoutedExpert) {
       REQUIRE(o.dtype == DType::U8);
-      const QuantizedMatrix ref = quantize_q4(deq, o.shape[0], static_cast<int64_t>(deq.size()) / o.shape[0], WeightFormat::Q4_G64);
+      const QuantizedMatrix ref =
+          quantize_q4(deq, o.shape[0], static_cast<int64_t>(deq.size()) / o.shape[0], WeightFormat::Q4_G64);
       CHECK(std::memcmp(c.data(name), ref.packed.data(), ref.packed.size()) == 0);
       CHECK(std::memcmp(c.data(name + ".qs"), ref.scales.data(), ref.scales.size() * 4) == 0);
       ++experts;
@@ -540,7 +566,8 @@ TEST_CASE("FP8 e4m3 with 128x128 block scales: dense to BF16, experts to int4, s
   CHECK(experts == 3 * r.experts);
   const std::string e5 = "model.layers.2.mlp.experts.5.";
   CHECK(c.file(e5 + "gate_proj.weight") == c.file(e5 + "down_proj.weight.qs"));
-  CHECK(c.info(e5 + "up_proj.weight").offset == c.info(e5 + "gate_proj.weight.qs").offset + c.info(e5 + "gate_proj.weight.qs").nbytes);
+  CHECK(c.info(e5 + "up_proj.weight").offset ==
+        c.info(e5 + "gate_proj.weight.qs").offset + c.info(e5 + "gate_proj.weight.qs").nbytes);
   // It loads and runs (FP8 rounding changes the logits, so only sanity here).
   auto model = Model::load(in.out(), backends_named());
   const auto l = run_logits(model, {1, 2, 3, 4});
@@ -551,22 +578,26 @@ TEST_CASE("errors name what was wrong and what was expected") {
   SUBCASE("missing config.json") {
     InputDir in("qwen3_moe-tiny");
     fs::remove(in.dir / "config.json");
-    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())),
-                         doctest::Contains(("[convert] " + in.dir.string() + ": config.json is missing").c_str()), Error);
+    CHECK_THROWS_WITH_AS(
+        convert_checkpoint(options(in.dir, in.out())),
+        doctest::Contains(("[convert] " + in.dir.string() + ": config.json is missing").c_str()), Error);
     CHECK(!fs::exists(in.out().string() + ".partial"));
   }
   SUBCASE("unknown model_type") {
     InputDir in("qwen3_moe-tiny");
     write_text(in.dir / "config.json", R"({"model_type": "gpt2", "hidden_size": 8})");
-    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())), doctest::Contains("model_type 'gpt2' is not supported"),
-                         Error);
+    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())),
+                         doctest::Contains("model_type 'gpt2' is not supported"), Error);
   }
   SUBCASE("missing shard named by the index") {
-    InputDir in("qwen3_moe-tiny", nullptr, 2, [](const std::string& n) { return n < "model.layers.1" ? 0 : 1; });
+    InputDir in("qwen3_moe-tiny", nullptr, 2,
+                [](const std::string& n) { return n < "model.layers.1" ? 0 : 1; });
     fs::remove(in.dir / "model-00002-of-00002.safetensors");
     CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())),
-                         doctest::Contains("shard 'model-00002-of-00002.safetensors' named for tensor"), Error);
-    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())), doctest::Contains("[convert]"), Error);
+                         doctest::Contains("shard 'model-00002-of-00002.safetensors' named for tensor"),
+                         Error);
+    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())), doctest::Contains("[convert]"),
+                         Error);
     CHECK(!fs::exists(in.out().string() + ".partial"));
   }
   SUBCASE("unsupported dtype") {
@@ -574,10 +605,11 @@ TEST_CASE("errors name what was wrong and what was expected") {
     InputDir in("qwen3_moe-tiny", [&](auto& ts, auto&) {
       ts.push_back({"model.layers.0.mlp.weird.weight", DType::I32, {8, 8}, ints});
     });
-    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())),
-                         doctest::Contains("model.safetensors: tensor 'model.layers.0.mlp.weird.weight' has dtype I32; "
-                                           "expected BF16, F16, F32, or F8_E4M3"),
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        convert_checkpoint(options(in.dir, in.out())),
+        doctest::Contains("model.safetensors: tensor 'model.layers.0.mlp.weird.weight' has dtype I32; "
+                          "expected BF16, F16, F32, or F8_E4M3"),
+        Error);
   }
   SUBCASE("FP8 without its scale_inv") {
     std::vector<std::byte> q(64 * 128, std::byte{0x38});
@@ -589,23 +621,27 @@ TEST_CASE("errors name what was wrong and what was expected") {
         }
       }
     });
-    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())),
-                         doctest::Contains("FP8 (F8_E4M3) weight 'model.layers.0.self_attn.k_proj.weight' [64, 128] has no "
-                                           "block-scale tensor 'model.layers.0.self_attn.k_proj.weight_scale_inv' "
-                                           "(expected F32 [1, 1]"),
-                         Error);
+    CHECK_THROWS_WITH_AS(
+        convert_checkpoint(options(in.dir, in.out())),
+        doctest::Contains("FP8 (F8_E4M3) weight 'model.layers.0.self_attn.k_proj.weight' [64, 128] has no "
+                          "block-scale tensor 'model.layers.0.self_attn.k_proj.weight_scale_inv' "
+                          "(expected F32 [1, 1]"),
+        Error);
   }
   SUBCASE("an existing container needs --force; --force replaces it") {
     InputDir in("qwen3_moe-tiny");
     convert_checkpoint(options(in.dir, in.out()));
-    CHECK_THROWS_WITH_AS(convert_checkpoint(options(in.dir, in.out())),
-                         doctest::Contains("is already a strata container (it has strata-manifest.json); pass --force"), Error);
+    CHECK_THROWS_WITH_AS(
+        convert_checkpoint(options(in.dir, in.out())),
+        doctest::Contains("is already a strata container (it has strata-manifest.json); pass --force"),
+        Error);
     ConvertOptions o = options(in.dir, in.out());
     o.force = true;
     o.experts = WeightFormat::Q4_ROW;
     const ConvertResult r = convert_checkpoint(o);
     CHECK(r.replaced_existing);
-    CHECK(nlohmann::json::parse(read_text(in.out() / "config.json"))["strata_container"]["experts"] == "q4_row");
+    CHECK(nlohmann::json::parse(read_text(in.out() / "config.json"))["strata_container"]["experts"] ==
+          "q4_row");
     for (const auto& e : fs::directory_iterator(in.tmp.path())) {
       CHECK(e.path().filename().string().find(".old-") == std::string::npos);
     }
@@ -617,7 +653,8 @@ TEST_CASE("errors name what was wrong and what was expected") {
     for (bool force : {false, true}) {
       ConvertOptions o = options(in.dir, in.out());
       o.force = force;
-      CHECK_THROWS_WITH_AS(convert_checkpoint(o), doctest::Contains("exists and is not a strata container"), Error);
+      CHECK_THROWS_WITH_AS(convert_checkpoint(o), doctest::Contains("exists and is not a strata container"),
+                           Error);
     }
     CHECK(read_text(in.out() / "precious.txt") == "keep me");
     CHECK(!fs::exists(in.out().string() + ".partial"));
@@ -651,21 +688,24 @@ TEST_CASE("errors name what was wrong and what was expected") {
     o.progress = [&](const ConvertProgress& p) {
       if (p.stage == ConvertProgress::Stage::ShardWritten) cancel = true;
     };
-    CHECK_THROWS_WITH_AS(convert_checkpoint(o), doctest::Contains("interrupted; 1 output shard(s) are recorded"), Error);
+    CHECK_THROWS_WITH_AS(convert_checkpoint(o),
+                         doctest::Contains("interrupted; 1 output shard(s) are recorded"), Error);
     CHECK(!fs::exists(in.out()));
     cancel = false;
     o.progress = nullptr;
     CHECK(convert_checkpoint(o).output_shards_reused == 1);
   }
   SUBCASE("names of formats") {
-    CHECK_THROWS_WITH_AS(parse_dense_format("fp8"), doctest::Contains("expected keep, bf16 or q4_g64"), Error);
+    CHECK_THROWS_WITH_AS(parse_dense_format("fp8"), doctest::Contains("expected keep, bf16 or q4_g64"),
+                         Error);
     CHECK(parse_dense_format("bf16") == DenseFormat::BF16);
   }
 }
 
 TEST_CASE("strata convert on the command line: plain progress lines, resume, errors with exit 1") {
   InputDir in("glm_moe_dsa-tiny-q4");
-  const std::string args = " convert --in '" + in.dir.string() + "' --out '" + in.out().string() + "' --shard-size-mb 1";
+  const std::string args =
+      " convert --in '" + in.dir.string() + "' --out '" + in.out().string() + "' --shard-size-mb 1";
   std::string out;
   REQUIRE(run_command("STRATA_CONVERT_STOP_AFTER_SHARDS=1 " + bin() + args, &out) == 1);
   CHECK(out.find("[convert] shard 1/") != std::string::npos);
@@ -680,9 +720,12 @@ TEST_CASE("strata convert on the command line: plain progress lines, resume, err
   CHECK(out.find("strata: [convert] ") != std::string::npos);
   CHECK(out.find("pass --force") != std::string::npos);
   REQUIRE(run_command(bin() + args + " --format q4_k", &out) == 1);
-  CHECK(out.find("strata: [convert] --format 'q4_k' is not supported (expected q4_g64 or q4_row)") != std::string::npos);
-  // A write failure (here: the file size limit, EFBIG) is reported with its errno text; nothing looks finished.
-  const std::string limited = " convert --in '" + in.dir.string() + "' --out '" + in.out("limited").string() + "'";
+  CHECK(out.find("strata: [convert] --format 'q4_k' is not supported (expected q4_g64 or q4_row)") !=
+        std::string::npos);
+  // A write failure (here: the file size limit, EFBIG) is reported with its errno text; nothing looks
+  // finished.
+  const std::string limited =
+      " convert --in '" + in.dir.string() + "' --out '" + in.out("limited").string() + "'";
   REQUIRE(run_command("sh -c \"trap '' XFSZ; ulimit -f 256; exec " + bin() + limited + "\"", &out) == 1);
   CHECK(out.find("write failed after") != std::string::npos);
   CHECK(out.find("File too large") != std::string::npos);
