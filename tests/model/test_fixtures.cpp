@@ -169,3 +169,54 @@ TEST_CASE("a failed forward leaves the session as it was") {
   CHECK(s.n_past() == 3);
   CHECK(s.kv_bytes() == kv);
 }
+
+TEST_CASE("batched decode of several sequences equals each sequence alone, bit for bit") {
+  for (const char* name : {"qwen3_moe-tiny", "deepseek_v3-tiny", "glm_moe_dsa-alt", "glm4_moe-tiny"}) {
+    CAPTURE(name);
+    auto model = Model::load(fixtures_dir() / name, backends_named());
+    const int64_t V = model->spec().vocab;
+    // Four sequences with different prompts and lengths (the DSA one longer than index_topk).
+    std::vector<std::vector<int32_t>> prompts = {{5, 9, 2}, {7}, {11, 3, 8, 8, 1, 4, 9, 10, 12, 2, 6, 5}, {1, 2}};
+    for (auto& p : prompts) {
+      for (auto& id : p) id = static_cast<int32_t>(id % V);
+    }
+    const int steps = 6;
+    // Alone.
+    std::vector<std::vector<float>> alone;
+    for (const auto& p : prompts) {
+      Session s(model);
+      auto l = s.forward(p, false);
+      std::vector<float> all = l;
+      int32_t t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      for (int i = 0; i < steps; ++i) {
+        l = s.forward(std::span<const int32_t>(&t, 1), false);
+        all.insert(all.end(), l.begin(), l.end());
+        t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      }
+      alone.push_back(all);
+    }
+    // Together: prompts prefilled in one batch, then decoded in lockstep.
+    std::vector<std::unique_ptr<Session>> owned;
+    std::vector<Session*> ss;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      owned.push_back(std::make_unique<Session>(model));
+      ss.push_back(owned.back().get());
+    }
+    std::vector<std::span<const int32_t>> in;
+    for (const auto& p : prompts) in.emplace_back(p);
+    auto outs = forward_batch(ss, in, false);
+    std::vector<std::vector<float>> together(prompts.size());
+    std::vector<int32_t> next(prompts.size());
+    for (int i = 0; i <= steps; ++i) {
+      for (size_t k = 0; k < prompts.size(); ++k) {
+        together[k].insert(together[k].end(), outs[k].begin(), outs[k].end());
+        next[k] = static_cast<int32_t>(std::max_element(outs[k].begin(), outs[k].end()) - outs[k].begin());
+      }
+      if (i == steps) break;
+      in.clear();
+      for (size_t k = 0; k < prompts.size(); ++k) in.emplace_back(&next[k], 1);
+      outs = forward_batch(ss, in, false);
+    }
+    for (size_t k = 0; k < prompts.size(); ++k) CHECK(together[k] == alone[k]);
+  }
+}

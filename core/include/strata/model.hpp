@@ -133,6 +133,9 @@ class Session {
   enum class IndexerMode { kNormal, kSelectAll, kOff };
   void set_indexer_mode(IndexerMode m) { indexer_mode_ = m; }
 
+  friend std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions,
+                                                       std::span<const std::span<const int32_t>> ids, bool all_logits);
+
  private:
   struct Impl;
   std::shared_ptr<const Model> model_;
@@ -140,6 +143,12 @@ class Session {
   int64_t n_past_ = 0;
   IndexerMode indexer_mode_ = IndexerMode::kNormal;
 };
+
+// Feeds ids[i] to sessions[i] for every i in ONE forward pass (decode of several sequences at once): the routed
+// experts of all sequences are read once per layer. Every session's logits are bitwise those it would get alone.
+// Sessions must share the model and be distinct. Returns per session what Session::forward would.
+std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions,
+                                              std::span<const std::span<const int32_t>> ids, bool all_logits);
 
 // Greedy continuation: prefill `prompt` as one batch, then decode one token at a time; returns the new ids.
 std::vector<int32_t> generate_greedy(Session& session, std::span<const int32_t> prompt, int64_t max_new);

@@ -436,31 +436,56 @@ struct Session::Impl {
 
   // ---- the whole pass --------------------------------------------------------------------------------------
 
-  std::vector<float> forward(std::span<const int32_t> ids, int64_t n_past, bool all_logits) {
-    const int64_t T = static_cast<int64_t>(ids.size()), H = spec.hidden;
-    Vec x(static_cast<size_t>(T * H));
-    for (int64_t t = 0; t < T; ++t) {
-      if (ids[t] < 0 || ids[t] >= spec.vocab) {
-        fail("session", "token id {} at input position {} is outside the vocabulary [0, {})", ids[t], t, spec.vocab);
-      }
-      to_f32_row(model.embedding(), ids[t], x.data() + t * H);
+  // One sequence's share of a forward pass: its ids, where they start, and (DSA) its key selection, which a
+  // "shared" indexer layer reuses from the layer before.
+  struct Segment {
+    Impl* impl;
+    std::span<const int32_t> ids;
+    int64_t n_past;
+    int64_t row0;  // first row of this segment in the stacked activations
+    Selection sel;
+  };
+
+  // The forward pass over several sequences at once: attention per sequence (each with its own cache), every
+  // other op on the stacked rows, so the experts of all sequences are read once per layer (batch union). Each
+  // row's result is bitwise the same as running its sequence alone (per-row kernels, per-row combine order).
+  // Returns per segment its logits: all rows when all_logits, else the last row.
+  std::vector<Vec> forward(std::vector<Segment>& segs, bool all_logits) const {
+    const int64_t H = spec.hidden;
+    int64_t T = 0;
+    for (auto& sg : segs) {
+      sg.row0 = T;
+      T += static_cast<int64_t>(sg.ids.size());
     }
-    Vec h(x.size()), y;
+    Vec x(static_cast<size_t>(T * H));
+    for (const auto& sg : segs) {
+      for (size_t t = 0; t < sg.ids.size(); ++t) {
+        if (sg.ids[t] < 0 || sg.ids[t] >= spec.vocab) {
+          fail("session", "token id {} at input position {} is outside the vocabulary [0, {})", sg.ids[t], t, spec.vocab);
+        }
+        to_f32_row(model.embedding(), sg.ids[t], x.data() + (sg.row0 + static_cast<int64_t>(t)) * H);
+      }
+    }
+    Vec h(x.size()), y(x.size()), part_in, part_out;
     auto norm_rows = [&](const Vec& in, const std::vector<float>& w, Vec& o, int64_t rows) {
       tbb::parallel_for(int64_t{0}, rows, [&](int64_t t) {
         ops::rms_norm(in.data() + t * H, w.data(), H, spec.rms_eps, o.data() + t * H);
       });
     };
-    Selection sel;
     for (int64_t l = 0; l < spec.n_layers; ++l) {
       const LayerWeights& L = model.layers()[static_cast<size_t>(l)];
-      LayerCache& c = caches[static_cast<size_t>(l)];
       norm_rows(x, L.input_norm, h, T);
-      if (spec.attention == AttentionKind::GQA) {
-        gqa(L, c, h, n_past, T, y);
-      } else {
-        const bool reuse = spec.dsa && !L.mla.has_indexer;
-        mla(L, c, h, n_past, T, sel, reuse, y);
+      for (auto& sg : segs) {
+        const auto n = static_cast<int64_t>(sg.ids.size());
+        LayerCache& c = sg.impl->caches[static_cast<size_t>(l)];
+        part_in.assign(h.begin() + sg.row0 * H, h.begin() + (sg.row0 + n) * H);
+        if (spec.attention == AttentionKind::GQA) {
+          sg.impl->gqa(L, c, part_in, sg.n_past, n, part_out);
+        } else {
+          const bool reuse = spec.dsa && !L.mla.has_indexer;
+          sg.impl->mla(L, c, part_in, sg.n_past, n, sg.sel, reuse, part_out);
+        }
+        std::copy(part_out.begin(), part_out.end(), y.begin() + sg.row0 * H);
       }
       for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
       norm_rows(x, L.post_norm, h, T);
@@ -471,14 +496,28 @@ struct Session::Impl {
       }
       for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     }
-    const int64_t first = all_logits ? 0 : T - 1, n = T - first;
-    Vec last(static_cast<size_t>(n * H));
-    for (int64_t t = 0; t < n; ++t) {
-      ops::rms_norm(x.data() + (first + t) * H, model.final_norm().data(), H, spec.rms_eps, last.data() + t * H);
+    // Final norm and lm_head on the rows whose logits are wanted, all segments in one matmul.
+    std::vector<int64_t> rows;
+    for (const auto& sg : segs) {
+      const auto n = static_cast<int64_t>(sg.ids.size());
+      for (int64_t t = all_logits ? 0 : n - 1; t < n; ++t) rows.push_back(sg.row0 + t);
+    }
+    Vec last(rows.size() * static_cast<size_t>(H));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      ops::rms_norm(x.data() + rows[r] * H, model.final_norm().data(), H, spec.rms_eps, last.data() + r * H);
     }
     Vec logits;
-    matmul(model.lm_head(), last, n, logits);
-    return logits;
+    matmul(model.lm_head(), last, static_cast<int64_t>(rows.size()), logits);
+    std::vector<Vec> out;
+    size_t r = 0;
+    const auto V = static_cast<size_t>(spec.vocab);
+    for (const auto& sg : segs) {
+      const size_t n = all_logits ? sg.ids.size() : 1;
+      out.emplace_back(logits.begin() + static_cast<std::ptrdiff_t>(r * V),
+                       logits.begin() + static_cast<std::ptrdiff_t>((r + n) * V));
+      r += n;
+    }
+    return out;
   }
 };
 
@@ -501,14 +540,41 @@ size_t Session::kv_bytes() const {
 std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logits) {
   if (ids.empty()) fail("session", "forward needs at least one token");
   impl_->indexer_mode = indexer_mode_;
-  std::vector<float> out;
+  std::vector<Impl::Segment> segs{{impl_.get(), ids, n_past_, 0, {}}};
+  std::vector<std::vector<float>> out;
   try {
-    impl_->arena.execute([&] { out = impl_->forward(ids, n_past_, all_logits); });
+    impl_->arena.execute([&] { out = impl_->forward(segs, all_logits); });
   } catch (...) {
     impl_->truncate(n_past_);  // a failed pass leaves the cache as it was before it
     throw;
   }
   n_past_ += static_cast<int64_t>(ids.size());
+  return std::move(out.front());
+}
+
+std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions,
+                                              std::span<const std::span<const int32_t>> ids, bool all_logits) {
+  if (sessions.empty()) return {};
+  if (sessions.size() != ids.size()) fail("session", "forward_batch: {} sessions but {} id lists", sessions.size(), ids.size());
+  const Model* model = sessions[0]->model_.get();
+  std::vector<Session::Impl::Segment> segs;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (sessions[i]->model_.get() != model) fail("session", "forward_batch: sessions of different models");
+    if (ids[i].empty()) fail("session", "forward_batch: session {} has no tokens", i);
+    for (size_t j = 0; j < i; ++j) {
+      if (sessions[j] == sessions[i]) fail("session", "forward_batch: session {} appears twice", i);
+    }
+    sessions[i]->impl_->indexer_mode = sessions[i]->indexer_mode_;
+    segs.push_back({sessions[i]->impl_.get(), ids[i], sessions[i]->n_past_, 0, {}});
+  }
+  std::vector<std::vector<float>> out;
+  try {
+    sessions[0]->impl_->arena.execute([&] { out = sessions[0]->impl_->forward(segs, all_logits); });
+  } catch (...) {
+    for (auto* s : sessions) s->impl_->truncate(s->n_past_);
+    throw;
+  }
+  for (size_t i = 0; i < sessions.size(); ++i) sessions[i]->n_past_ += static_cast<int64_t>(ids[i].size());
   return out;
 }
 
