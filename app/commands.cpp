@@ -1,4 +1,4 @@
-// Implementation of the strata subcommands (plugins, logits, generate, inspect).
+// Implementation of the strata subcommands plugins, logits, generate and inspect, and the shared model loading.
 #include "commands.hpp"
 
 #include <fmt/format.h>
@@ -19,31 +19,22 @@
 namespace strata::app {
 namespace fs = std::filesystem;
 
-namespace {
-
 RuntimeConfig config_of(const CommonOptions& o) {
   RuntimeConfig cfg = o.config.empty() ? RuntimeConfig{} : load_runtime_config(o.config);
   if (o.threads >= 0) cfg.scheduler.threads = o.threads;
   return cfg;
 }
 
-struct Loaded {
-  RuntimeConfig config;
-  std::unique_ptr<PluginRegistry> registry;
-  std::shared_ptr<Model> model;
-};
-
-Loaded load(const ModelOptions& o) {
+Loaded load(const ModelOptions& o, bool with_assets) {
   Loaded l;
   l.config = config_of(o.common);
   l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
   LoadOptions lo;
   lo.expert_quant = parse_quant_name(o.quant);
   l.model = Model::load(o.model, choose_backends(*l.registry, l.config), lo);
+  if (with_assets) l.assets = std::make_shared<ModelAssets>(ModelAssets::load(o.model, l.model->spec()));
   return l;
 }
-
-}  // namespace
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;

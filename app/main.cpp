@@ -57,6 +57,50 @@ int main(int argc, char** argv) {
   convert->add_option("--shard-size-mb", co.shard_size_mb, "target size of an output shard in MiB (default 2048)");
   convert->add_flag("--force", co.force, "replace an existing strata container at --out");
 
+  GenOptions go;
+  auto add_gen = [&](CLI::App* sc) {
+    sc->add_option("--max-new", go.max_new, "tokens to generate at most (default 256)")->check(CLI::PositiveNumber);
+    sc->add_option("--temperature", go.temperature, "sampling temperature (0 = greedy; default: the model's)");
+    sc->add_option("--top-p", go.top_p, "nucleus sampling threshold in (0, 1]");
+    sc->add_option("--top-k", go.top_k, "sample among the k most likely tokens (0 = off)");
+    sc->add_option("--min-p", go.min_p, "drop tokens below min_p times the most likely one's probability");
+    sc->add_option("--seed", go.seed, "random seed for reproducible sampling");
+    sc->add_option("--stop", go.stop, "stop string (repeatable)");
+    sc->add_option("--stats", go.stats, "per-turn statistics format: json")->check(CLI::IsMember({"json"}));
+  };
+  std::string prompt;
+  auto* run = app.add_subcommand("run", "complete one prompt, streaming the text to stdout (statistics to stderr)");
+  add_model(run, false);
+  add_gen(run);
+  run->add_option("--prompt", prompt, "the text to continue")->required();
+
+  std::string system;
+  auto* chat = app.add_subcommand("chat", "talk to a model interactively with its chat template");
+  add_model(chat, false);
+  add_gen(chat);
+  chat->add_option("--system", system, "system message");
+
+  ServeOptions so;
+  auto* serve = app.add_subcommand("serve", "serve an OpenAI-compatible HTTP API (/v1/chat/completions, ...)");
+  add_model(serve, false);
+  add_gen(serve);
+  serve->add_option("--host", so.host, "address to listen on (default 127.0.0.1)");
+  serve->add_option("--port", so.port, "port (default 8080)")->check(CLI::Range(0, 65535));
+  serve->add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' (also STRATA_API_KEY)");
+  serve->add_option("--model-name", so.model_name, "model id reported by /v1/models (default: the folder name)");
+  serve->add_option("--parallel", so.parallel, "sequences decoded together (default 8)")->check(CLI::Range(1, 256));
+  serve->add_option("--queue", so.queue, "waiting requests before 429 (default 16)")->check(CLI::Range(0, 100000));
+  serve->add_option("--max-body-kb", so.max_body_kb, "largest request body in KiB (default 4096)")->check(CLI::PositiveNumber);
+
+  TokenizeOptions to;
+  auto* tokenize = app.add_subcommand("tokenize", "encode a JSON list of strings to token ids (or decode id lists)");
+  tokenize->add_option("--tokenizer", to.tokenizer, "Hugging Face tokenizer.json")->required();
+  tokenize->add_option("--input", to.input, "JSON list of strings (with --decode: list of id lists); - = stdin")
+      ->required();
+  tokenize->add_flag("--decode", to.decode, "decode id lists to strings instead");
+  tokenize->add_flag("--add-special-tokens", to.add_special_tokens, "apply the post-processor's BOS/EOS template");
+  tokenize->add_flag("--skip-special-tokens", to.skip_special_tokens, "with --decode: drop special tokens");
+
   CLI11_PARSE(app, argc, argv);
   try {
     mo.common = common;
@@ -65,6 +109,10 @@ int main(int argc, char** argv) {
     if (*generate) return cmd_generate(mo, max_new, print_ids);
     if (*inspect) return cmd_inspect(mo);
     if (*convert) return cmd_convert(co);
+    if (*tokenize) return cmd_tokenize(to);
+    if (*run) return cmd_run(mo, go, prompt);
+    if (*chat) return cmd_chat(mo, go, system);
+    if (*serve) return cmd_serve(mo, go, so);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "strata: %s\n", e.what());
     return 1;

@@ -44,8 +44,24 @@ strata_matrix to_c(const Matrix& m) {
   c.cols = m.cols;
   c.data = m.data;
   c.scales = m.scales;
+  c.resident = m.resident;
   return c;
 }
+
+// The C tasks of an expert group; the C experts live in one vector so the task pointers stay valid.
+struct CTasks {
+  std::vector<strata_expert> experts;
+  std::vector<strata_expert_task> tasks;
+  explicit CTasks(std::span<const ExpertTask> in) : experts(in.size()), tasks(in.size()) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      experts[i] = strata_expert{to_c(in[i].expert->gate), to_c(in[i].expert->up), to_c(in[i].expert->down)};
+      tasks[i].expert = &experts[i];
+      tasks[i].n_rows = static_cast<int32_t>(in[i].rows.size());
+      tasks[i].rows = in[i].rows.data();
+      tasks[i].out = in[i].out;
+    }
+  }
+};
 }  // namespace
 
 Backend::Backend(std::shared_ptr<void> library, const strata_plugin_vtable* vtable, int n_threads, int device)
@@ -86,19 +102,115 @@ void Backend::matmul(const Matrix& w, const float* x, int64_t n_x_rows, float* y
 
 void Backend::expert_group(const float* x, int64_t n_x_rows, int64_t hidden, std::span<const ExpertTask> tasks) const {
   if (vt_->expert_group == nullptr) fail("backend", "{}: expert_group is not offered by this plugin", vt_->name);
-  // The C experts live in one vector so the task pointers stay valid for the call.
-  std::vector<strata_expert> experts(tasks.size());
-  std::vector<strata_expert_task> ctasks(tasks.size());
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    experts[i] = strata_expert{to_c(tasks[i].expert->gate), to_c(tasks[i].expert->up), to_c(tasks[i].expert->down)};
-    ctasks[i].expert = &experts[i];
-    ctasks[i].n_rows = static_cast<int32_t>(tasks[i].rows.size());
-    ctasks[i].rows = tasks[i].rows.data();
-    ctasks[i].out = tasks[i].out;
-  }
+  CTasks c(tasks);
   const strata_status s =
-      vt_->expert_group(handle_, x, n_x_rows, hidden, static_cast<int32_t>(ctasks.size()), ctasks.data());
+      vt_->expert_group(handle_, x, n_x_rows, hidden, static_cast<int32_t>(c.tasks.size()), c.tasks.data());
   if (s != STRATA_OK) raise(s, "expert_group");
+}
+
+bool Backend::has_device_memory() const {
+  return STRATA_PLUGIN_HAS_SLOT(vt_, upload_matrix) && STRATA_PLUGIN_HAS_SLOT(vt_, free_matrix) &&
+         STRATA_PLUGIN_HAS_SLOT(vt_, memory_info);
+}
+
+ResidentMatrix Backend::upload(const Matrix& w) const {
+  if (!has_device_memory()) fail("backend", "{}: device memory is not offered by this plugin", vt_->name);
+  Matrix host = w;
+  host.resident = nullptr;
+  const strata_matrix cw = to_c(host);
+  strata_resident* h = nullptr;
+  const strata_status s = vt_->upload_matrix(handle_, &cw, &h);
+  if (s != STRATA_OK) raise(s, "upload_matrix");
+  ResidentMatrix r;
+  r.owner_ = this;
+  r.handle_ = h;
+  r.matrix_ = host;
+  r.matrix_.resident = h;
+  return r;
+}
+
+void Backend::free(ResidentMatrix& m) const {
+  if (m.handle_ == nullptr) return;
+  if (m.owner_ != this) fail("backend", "{}: free of a matrix resident on another backend", vt_->name);
+  strata_resident* h = m.handle_;
+  m.handle_ = nullptr;
+  m.owner_ = nullptr;
+  m.matrix_.resident = nullptr;
+  const strata_status s = vt_->free_matrix(handle_, h);
+  if (s != STRATA_OK) raise(s, "free_matrix");
+}
+
+MemoryInfo Backend::memory_info() const {
+  if (!has_device_memory()) fail("backend", "{}: device memory is not offered by this plugin", vt_->name);
+  strata_memory_info c{};
+  const strata_status s = vt_->memory_info(handle_, &c);
+  if (s != STRATA_OK) raise(s, "memory_info");
+  return MemoryInfo{c.total_bytes, c.free_bytes, c.used_bytes, c.resident_bytes};
+}
+
+bool Backend::has_async() const {
+  return STRATA_PLUGIN_HAS_SLOT(vt_, expert_group_issue) && STRATA_PLUGIN_HAS_SLOT(vt_, expert_group_take) &&
+         STRATA_PLUGIN_HAS_SLOT(vt_, expert_group_discard);
+}
+
+PendingGroup Backend::issue(const float* x, int64_t n_x_rows, int64_t hidden, std::span<const ExpertTask> tasks) const {
+  if (!has_async()) fail("backend", "{}: asynchronous expert groups are not offered by this plugin", vt_->name);
+  CTasks c(tasks);
+  strata_group* h = nullptr;
+  const strata_status s = vt_->expert_group_issue(handle_, x, n_x_rows, hidden, static_cast<int32_t>(c.tasks.size()),
+                                                  c.tasks.data(), &h);
+  if (s != STRATA_OK) raise(s, "expert_group_issue");
+  PendingGroup g;
+  g.owner_ = this;
+  g.handle_ = h;
+  return g;
+}
+
+ResidentMatrix& ResidentMatrix::operator=(ResidentMatrix&& o) noexcept {
+  if (this != &o) {
+    reset();
+    owner_ = o.owner_;
+    handle_ = o.handle_;
+    matrix_ = o.matrix_;
+    o.owner_ = nullptr;
+    o.handle_ = nullptr;
+    o.matrix_.resident = nullptr;
+  }
+  return *this;
+}
+
+void ResidentMatrix::reset() noexcept {
+  if (handle_ != nullptr && owner_ != nullptr) (void)owner_->vt_->free_matrix(owner_->handle_, handle_);
+  handle_ = nullptr;
+  owner_ = nullptr;
+  matrix_.resident = nullptr;
+}
+
+PendingGroup& PendingGroup::operator=(PendingGroup&& o) noexcept {
+  if (this != &o) {
+    discard();
+    owner_ = o.owner_;
+    handle_ = o.handle_;
+    o.owner_ = nullptr;
+    o.handle_ = nullptr;
+  }
+  return *this;
+}
+
+void PendingGroup::take() {
+  if (handle_ == nullptr) fail("backend", "take of an expert group that is not in flight");
+  const Backend* b = owner_;
+  strata_group* h = handle_;
+  owner_ = nullptr;
+  handle_ = nullptr;  // take consumes the handle, also when it fails
+  const strata_status s = b->vt_->expert_group_take(b->handle_, h);
+  if (s != STRATA_OK) b->raise(s, "expert_group_take");
+}
+
+void PendingGroup::discard() noexcept {
+  if (handle_ != nullptr && owner_ != nullptr) owner_->vt_->expert_group_discard(owner_->handle_, handle_);
+  handle_ = nullptr;
+  owner_ = nullptr;
 }
 
 }  // namespace strata

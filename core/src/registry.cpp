@@ -92,9 +92,9 @@ void PluginRegistry::load(const fs::path& file) {
   if (vt->abi_version != STRATA_PLUGIN_ABI_VERSION) {
     return reject(fmt::format("ABI version {} (this strata expects {})", vt->abi_version, STRATA_PLUGIN_ABI_VERSION));
   }
-  if (vt->struct_size < sizeof(strata_plugin_vtable)) {
+  if (vt->struct_size < STRATA_PLUGIN_VTABLE_MIN_SIZE) {
     return reject(fmt::format("vtable of {} bytes is smaller than the {} this strata needs", vt->struct_size,
-                              sizeof(strata_plugin_vtable)));
+                              STRATA_PLUGIN_VTABLE_MIN_SIZE));
   }
   if (vt->name == nullptr || vt->create == nullptr || vt->destroy == nullptr || vt->last_error == nullptr) {
     return reject("vtable lacks name, create, destroy or last_error");

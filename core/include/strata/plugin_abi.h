@@ -10,7 +10,8 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of the structs or functions below. The registry rejects a plugin whose
- * vtable carries another abi_version, or whose struct_size is smaller than the one this header defines. */
+ * vtable carries another abi_version, or whose struct_size is smaller than STRATA_PLUGIN_VTABLE_MIN_SIZE (new
+ * optional slots are appended at the end, so an older plugin stays loadable with them read as NULL). */
 #define STRATA_PLUGIN_ABI_VERSION 1u
 
 #if defined(_WIN32)
@@ -37,8 +38,13 @@ typedef enum strata_dtype {
   STRATA_DTYPE_Q4_G64 = 4, /* same nibbles, one F32 scale per 64 inputs: s[o * ceil(I/64) + g] */
 } strata_dtype;
 
+/* A copy of a weight matrix in a backend's device memory, made by upload_matrix() (opaque, owned by the plugin). */
+typedef struct strata_resident strata_resident;
+
 /* A weight matrix W[O, I] (O = rows = outputs, I = cols = inputs). Host memory, owned by the core; valid for
- * the duration of the call that receives it. */
+ * the duration of the call that receives it. When `resident` is set and was made by the backend that receives
+ * the matrix, that backend computes from its device copy and may ignore data/scales (which may then be NULL);
+ * every other backend (CPU plugins, another device) ignores `resident` and reads data/scales. */
 typedef struct strata_matrix {
   int32_t dtype; /* strata_dtype */
   int32_t reserved0;
@@ -46,6 +52,7 @@ typedef struct strata_matrix {
   int64_t cols; /* I */
   const void* data;
   const float* scales; /* Q4 formats only, else NULL */
+  const strata_resident* resident; /* NULL, or a handle from upload_matrix() */
 } strata_matrix;
 
 /* One routed expert: gate and up are [F, H], down is [H, F]. */
@@ -73,6 +80,17 @@ typedef struct strata_backend_options {
 } strata_backend_options;
 
 typedef struct strata_backend strata_backend; /* opaque, created by the plugin */
+
+/* Device memory of a backend (memory_info). */
+typedef struct strata_memory_info {
+  uint64_t total_bytes;    /* memory of the backend's device */
+  uint64_t free_bytes;     /* free on that device now, whoever holds the rest */
+  uint64_t used_bytes;     /* held by this backend instance: resident matrices plus its staging and scratch */
+  uint64_t resident_bytes; /* of which resident matrices (upload_matrix), as laid out on the device */
+} strata_memory_info;
+
+/* An expert group in flight (expert_group_issue), opaque, owned by the plugin until take or discard. */
+typedef struct strata_group strata_group;
 
 /* The vtable a plugin returns from strata_plugin_init(). Every function is noexcept in spirit: it never throws
  * or longjmps across this boundary; failures return a status and leave a message in last_error(). Slots
@@ -103,7 +121,37 @@ typedef struct strata_plugin_vtable {
   /* Runs every task: x is [n_x_rows, hidden] f32. Bitwise independent of thread count. */
   strata_status (*expert_group)(strata_backend* backend, const float* x, int64_t n_x_rows, int64_t hidden,
                                 int32_t n_tasks, const strata_expert_task* tasks);
+
+  /* ---- Optional slots (device backends). A plugin built against an older header ends its vtable before them:
+   * read them only through STRATA_PLUGIN_HAS_SLOT. CPU plugins leave them NULL. ---- */
+
+  /* (optional) Copies w into the backend's device memory (in whatever layout its kernels want) and returns a
+   * handle to put in strata_matrix.resident; w's host memory need not outlive the call. Out of device memory is
+   * STRATA_ERR_OUT_OF_MEMORY. */
+  strata_status (*upload_matrix)(strata_backend* backend, const strata_matrix* w, strata_resident** out);
+  /* (optional) Frees a handle from upload_matrix of this backend (NULL: nothing). No issued group may still use
+   * it. */
+  strata_status (*free_matrix)(strata_backend* backend, strata_resident* resident);
+  /* (optional) Total and free memory of the backend's device and what this backend holds there. */
+  strata_status (*memory_info)(strata_backend* backend, strata_memory_info* out);
+  /* (optional) expert_group, asynchronous: starts the work and returns at once with a handle. Everything the call
+   * reads (x, tasks, their rows, host weights) is consumed before it returns; each task's out must stay valid
+   * until take. Groups may be in flight on several backends (devices) and several on one backend. */
+  strata_status (*expert_group_issue)(strata_backend* backend, const float* x, int64_t n_x_rows, int64_t hidden,
+                                      int32_t n_tasks, const strata_expert_task* tasks, strata_group** out);
+  /* (optional) Waits for an issued group and writes every task's out. Consumes the handle, also on failure
+   * (STRATA_ERR_DEVICE etc.: the outputs are then unspecified and the core may recompute them elsewhere). */
+  strata_status (*expert_group_take)(strata_backend* backend, strata_group* group);
+  /* (optional) Waits for an issued group and releases it without writing any output (error paths). */
+  void (*expert_group_discard)(strata_backend* backend, strata_group* group);
 } strata_plugin_vtable;
+
+/* The required part of the vtable (ABI 1 as first written): the registry accepts any struct_size from here on;
+ * slots past the plugin's struct_size count as NULL. */
+#define STRATA_PLUGIN_VTABLE_MIN_SIZE offsetof(strata_plugin_vtable, upload_matrix)
+/* Nonzero when the vtable has the (optional) slot and sets it. */
+#define STRATA_PLUGIN_HAS_SLOT(vt, slot)                                                         \
+  ((vt)->struct_size >= offsetof(strata_plugin_vtable, slot) + sizeof((vt)->slot) && (vt)->slot != NULL)
 
 /* Exported by every plugin. Must be safe to call on any machine (compiled without ISA-specific flags). */
 typedef const strata_plugin_vtable* (*strata_plugin_init_fn)(void);

@@ -1,0 +1,126 @@
+// The CUDA backend behind the C vtable (plugin.cpp) and bench_cuda: device memory, staging slots, the plan of
+// a call (work items, launches), issue/take. Failures throw strata_cuda::Failure (status + text); plugin.cpp
+// turns them into the ABI's status and last_error.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "kernels/work.hpp"
+#include "strata/plugin_abi.h"
+
+namespace strata_cuda {
+
+class Failure : public std::runtime_error {
+ public:
+  Failure(strata_status s, const std::string& what) : std::runtime_error(what), status(s) {}
+  strata_status status;
+};
+
+// Why this process cannot use CUDA ("" when at least one device of compute capability >= 9.0 is there).
+std::string cuda_unavailable_reason();
+
+struct Slot;
+struct Plan;
+class CudaBackend;
+
+}  // namespace strata_cuda
+
+// The opaque ABI handles.
+struct strata_resident {
+  uint64_t magic;
+  strata_cuda::CudaBackend* owner;
+  strata_cuda::DevMatrix m;
+  void* alloc;
+  uint64_t bytes;
+};
+
+struct strata_group {
+  uint64_t magic;
+  strata_cuda::CudaBackend* owner;
+  strata_cuda::Slot* slot;
+  struct OutCopy {
+    float* dst;
+    uint64_t offset;  // in the slot's pinned output buffer
+    uint64_t bytes;
+  };
+  std::vector<OutCopy> outs;
+};
+
+namespace strata_cuda {
+
+// Settings read once when a backend is created (environment), adjustable by the bench.
+struct Settings {
+  // Experts with at least this many rows run their int4 matrices on the W4A16 path (bf16 activations); 0 = never
+  // (the default: every path is then f32-accurate and prefill equals decode bit for bit).
+  // STRATA_CUDA_W4A16_MIN_ROWS=N.
+  int w4a16_min_rows = 0;
+  // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the tensor cores.
+  bool force_simt = false;
+};
+
+class CudaBackend {
+ public:
+  // Throws Failure: STRATA_ERR_INVALID_ARGUMENT for a bad ordinal, STRATA_ERR_UNSUPPORTED for a device older
+  // than sm_90, STRATA_ERR_DEVICE when the driver refuses.
+  explicit CudaBackend(int device);
+  ~CudaBackend();
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  int device() const { return device_; }
+  Settings& settings() { return settings_; }
+  static bool supports(int32_t dtype) { return dtype >= kF32 && dtype <= kQ4G64; }
+
+  void matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y);
+  void expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks, const strata_expert_task* tasks);
+  strata_group* issue(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                      const strata_expert_task* tasks);
+  void take(strata_group* group);  // consumes the handle, also when it throws
+  void discard(strata_group* group) noexcept;
+
+  strata_resident* upload(const strata_matrix& w);
+  void free(strata_resident* r);
+  strata_memory_info memory_info();
+
+  // Bench: runs the kernels of one expert group `iters` times (inputs staged once) and returns the time of each
+  // run in ms, measured with events on the device; the outputs of the last run are written to the tasks.
+  std::vector<float> time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                                       const strata_expert_task* tasks, int iters);
+
+  // STRATA_CUDA_FAIL_NEXT=oom|device, read when the backend is created: the next issue fails with that status.
+  void inject_failure(strata_status s) { fail_next_.store(static_cast<int>(s)); }
+
+ private:
+  Slot* acquire_slot();
+  void release_slot(Slot* s) noexcept;
+  void ensure_capacity(Slot& s, const Plan& p);
+  void stage(Slot& s, const Plan& p);     // inputs to the device (pinned head copy, host weights)
+  void launch(Slot& s, const Plan& p);    // the kernels
+  void finish(Slot& s, const Plan& p);    // outputs to pinned memory, done event
+  void sync_quietly(Slot& s) noexcept;
+  const strata_resident* own_resident(const strata_resident* r);
+  Plan plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks, const strata_expert_task* tasks);
+  Plan plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows);
+
+  int device_;
+  Settings settings_;
+  std::atomic<int> fail_next_{0};
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<Slot*> free_slots_;
+  std::unordered_set<const strata_resident*> residents_;
+  std::unordered_set<const strata_group*> groups_;
+  uint64_t resident_bytes_ = 0;
+  std::atomic<uint64_t> workspace_bytes_{0};
+};
+
+}  // namespace strata_cuda

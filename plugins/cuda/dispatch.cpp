@@ -1,0 +1,1000 @@
+// The CUDA backend's host side: validation, device copies of matrices, the plan of a call (work items in chunks
+// of tokens, kernel choice per format and row count), staging slots (a stream, pinned buffers, one device
+// buffer each), issue/take. Every CUDA call is checked; failures become Failure(status, text).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "cuda_backend.hpp"
+
+namespace strata_cuda {
+
+// A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs more.
+struct Slot {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  cudaEvent_t t0 = nullptr, t1 = nullptr;  // bench timing, made on first use
+  char* dev = nullptr;                      // device: inputs, operands, outputs, host weights staged
+  uint64_t dev_bytes = 0;
+  char* in = nullptr;                       // pinned: the head (x, row table, items, jobs)
+  uint64_t in_bytes = 0;
+  char* out = nullptr;                      // pinned: outputs
+  uint64_t out_bytes = 0;
+};
+
+namespace {
+
+constexpr uint64_t kResidentMagic = 0x3144495345525453ull;  // "STRESID1"
+constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
+constexpr uint64_t kAlign = 256;
+constexpr int64_t kMaxDim = int64_t{1} << 30;  // rows and cols (kernels index with int32)
+constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
+
+uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+bool is_q4(int32_t dtype) { return dtype == kQ4Row || dtype == kQ4G64; }
+
+const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case kF32: return "F32";
+    case kBF16: return "BF16";
+    case kF16: return "F16";
+    case kQ4Row: return "Q4_ROW";
+    case kQ4G64: return "Q4_G64";
+    default: return "unknown";
+  }
+}
+
+int64_t padded_cols(int64_t cols) { return (cols + kColPad - 1) / kColPad * kColPad; }
+
+// Bytes of one row: as the host stores it, and padded on the device.
+int64_t host_row_bytes(int32_t dtype, int64_t cols) {
+  switch (dtype) {
+    case kF32: return cols * 4;
+    case kBF16:
+    case kF16: return cols * 2;
+    default: return (cols + 1) / 2;
+  }
+}
+int64_t device_row_bytes(int32_t dtype, int64_t cols) { return host_row_bytes(dtype, padded_cols(cols)); }
+
+int64_t scale_count(int32_t dtype, int64_t rows, int64_t cols) {
+  if (dtype == kQ4G64) return rows * ((cols + kColPad - 1) / kColPad);
+  if (dtype == kQ4Row) return rows;
+  return 0;
+}
+
+// Device bytes of a matrix copy: padded rows, then the scales at the next aligned offset.
+uint64_t device_data_bytes(int32_t dtype, int64_t rows, int64_t cols) {
+  return static_cast<uint64_t>(rows) * static_cast<uint64_t>(device_row_bytes(dtype, cols));
+}
+uint64_t device_matrix_bytes(int32_t dtype, int64_t rows, int64_t cols) {
+  return align_up(device_data_bytes(dtype, rows, cols)) + static_cast<uint64_t>(scale_count(dtype, rows, cols)) * 4;
+}
+
+std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+
+[[noreturn]] void throw_cuda(cudaError_t e, const std::string& what, int device) {
+  (void)cudaGetLastError();  // clears the error when it is not sticky
+  const strata_status s = e == cudaErrorMemoryAllocation ? STRATA_ERR_OUT_OF_MEMORY : STRATA_ERR_DEVICE;
+  throw Failure(s, "cuda device " + std::to_string(device) + ": " + what + ": " + cuda_text(e));
+}
+
+#define STRATA_CK(expr, what)                                \
+  do {                                                       \
+    const cudaError_t strata_ck_e = (expr);                  \
+    if (strata_ck_e != cudaSuccess) throw_cuda(strata_ck_e, what, device_); \
+  } while (0)
+
+[[noreturn]] void invalid(const std::string& what) { throw Failure(STRATA_ERR_INVALID_ARGUMENT, what); }
+
+// Tokens per work item for an operand of `splits` parts (3: exact tensor-core, 1: W4A16, 0: SIMT f32).
+int chunk_capacity(int splits) { return splits == 3 ? 8 : splits == 1 ? 32 : kSimtMaxTok; }
+
+// n-tiles needed for n tokens, rounded to an instantiated count.
+int nt_for(int splits, int n) {
+  if (splits == 3) return (3 * n + 7) / 8;  // 1..3 for n <= 8
+  const int need = (n + 7) / 8;             // W4A16: 1, 2, 4
+  return need <= 1 ? 1 : need <= 2 ? 2 : 4;
+}
+
+// Where a matrix's device copy is: a resident (pointers known) or a host matrix staged in the slot buffer.
+struct MatRef {
+  DevMatrix dm{};
+  int64_t upload = -1;  // index into Plan::uploads when staged
+};
+
+struct Upload {
+  const strata_matrix* src;
+  uint64_t data_off, scale_off;
+};
+
+// A kernel launch over a contiguous range of the plan's items.
+struct LaunchSpec {
+  bool tc;
+  int32_t dtype;
+  bool gate_up;
+  int splits, nt;
+  uint64_t first_item;
+  int n_items;
+  int grid_x;
+};
+
+struct ItemSpec {
+  MatRef w0, w1;
+  uint64_t in_off;
+  int in_splits, n_tok;
+  uint64_t y_off = kNone;
+  int64_t y_ld = 0;
+  uint64_t h_off = kNone;
+  int h_splits = 0, h_kp = 0;
+};
+
+struct JobSpec {
+  uint64_t rows_off = kNone;  // device offset of the n_tok row indices, or kNone (consecutive rows from row0)
+  int64_t x_ld;
+  int row0, n_tok, cols, kp, splits, ncols;
+  uint64_t dst_off;
+  uint64_t zero_off = kNone;
+  int64_t zero_bytes = 0;
+};
+
+}  // namespace
+
+// Everything one call does, with buffer offsets; pointers are made once the slot's buffers are known.
+struct Plan {
+  const float* x = nullptr;
+  uint64_t x_bytes = 0, x_off = 0;
+  std::vector<int32_t> rows;
+  uint64_t rows_off = 0;
+  std::vector<ItemSpec> items;
+  uint64_t items_off = 0;
+  std::vector<JobSpec> jobs;
+  uint64_t jobs_off = 0;
+  uint64_t head_bytes = 0;  // [0, head_bytes) of the device buffer mirrors the pinned input buffer
+  uint64_t y_off = 0, y_bytes = 0;
+  uint64_t dev_bytes = 0;
+  std::vector<Upload> uploads;
+  std::vector<LaunchSpec> launches;
+  std::vector<strata_group::OutCopy> outs;  // offsets relative to y_off
+  int prep_blocks = 1;
+};
+
+namespace {
+
+// Lays out a plan's device buffer: head (x, rows, items, jobs), then `extra` bytes of operands and outputs the
+// caller placed from `operands_base`, then the staged host weights.
+struct Layout {
+  uint64_t cursor = 0;
+  uint64_t take(uint64_t bytes) {
+    const uint64_t at = cursor;
+    cursor += align_up(bytes);
+    return at;
+  }
+};
+
+DevMatrix patch(const MatRef& r, const std::vector<Upload>& uploads, char* base) {
+  DevMatrix d = r.dm;
+  if (r.upload >= 0) {
+    const Upload& u = uploads[static_cast<size_t>(r.upload)];
+    d.data = base + u.data_off;
+    d.scales = is_q4(d.dtype) ? reinterpret_cast<const float*>(base + u.scale_off) : nullptr;
+  }
+  return d;
+}
+
+}  // namespace
+
+// ---- device discovery ------------------------------------------------------------------------------------
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorInsufficientDriver) {
+    (void)cudaGetLastError();
+    int driver = 0;
+    (void)cudaDriverGetVersion(&driver);
+    if (driver == 0) return "no CUDA driver (libcuda.so.1 not found)";
+    return "CUDA driver too old: it supports CUDA " + std::to_string(driver / 1000) + "." +
+           std::to_string(driver % 1000 / 10) + ", this plugin needs " + std::to_string(CUDART_VERSION / 1000) + "." +
+           std::to_string(CUDART_VERSION % 1000 / 10);
+  }
+  if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
+    (void)cudaGetLastError();
+    return "no CUDA device";
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "no CUDA device (cudaGetDeviceCount: " + cuda_text(e) + ")";
+  }
+  std::string found;
+  for (int d = 0; d < count; ++d) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    if (major >= 9) return "";
+    found += (found.empty() ? "" : ", ") + std::string("sm_") + std::to_string(major) + std::to_string(minor);
+  }
+  return "no CUDA device of compute capability 9.0 or newer (found " + (found.empty() ? "none usable" : found) + ")";
+}
+
+// ---- backend ---------------------------------------------------------------------------------------------
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  STRATA_CK(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (device < 0 || device >= count) {
+    invalid("create: device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+            " CUDA devices)");
+  }
+  int major = 0, minor = 0;
+  STRATA_CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  STRATA_CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  if (major < 9) {
+    throw Failure(STRATA_ERR_UNSUPPORTED, "cuda device " + std::to_string(device) + " is sm_" + std::to_string(major) +
+                                              std::to_string(minor) + "; this plugin needs sm_90 or newer");
+  }
+  STRATA_CK(cudaSetDevice(device), "cudaSetDevice");
+  STRATA_CK(cudaFree(nullptr), "context creation");
+  if (const char* v = std::getenv("STRATA_CUDA_W4A16_MIN_ROWS")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    settings_.w4a16_min_rows = (end != v && *end == '\0' && n > 0 && n < (1L << 30)) ? static_cast<int>(n) : 0;
+  }
+  if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
+  if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
+    if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
+    if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  (void)cudaSetDevice(device_);
+  for (auto& s : slots_) {
+    if (s->stream != nullptr) (void)cudaStreamSynchronize(s->stream);
+    if (s->done != nullptr) (void)cudaEventDestroy(s->done);
+    if (s->t0 != nullptr) (void)cudaEventDestroy(s->t0);
+    if (s->t1 != nullptr) (void)cudaEventDestroy(s->t1);
+    if (s->stream != nullptr) (void)cudaStreamDestroy(s->stream);
+    if (s->dev != nullptr) (void)cudaFree(s->dev);
+    if (s->in != nullptr) (void)cudaFreeHost(s->in);
+    if (s->out != nullptr) (void)cudaFreeHost(s->out);
+  }
+  for (const strata_resident* r : residents_) {
+    (void)cudaFree(r->alloc);
+    delete r;
+  }
+  for (const strata_group* g : groups_) delete g;
+  (void)cudaGetLastError();
+}
+
+Slot* CudaBackend::acquire_slot() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_slots_.empty()) {
+      Slot* s = free_slots_.back();
+      free_slots_.pop_back();
+      return s;
+    }
+  }
+  auto s = std::make_unique<Slot>();
+  cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    if (s->stream != nullptr) (void)cudaStreamDestroy(s->stream);
+    throw_cuda(e, "stream creation", device_);
+  }
+  Slot* raw = s.get();
+  std::lock_guard<std::mutex> lock(mu_);
+  slots_.push_back(std::move(s));
+  return raw;
+}
+
+void CudaBackend::release_slot(Slot* s) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_slots_.push_back(s);
+}
+
+void CudaBackend::sync_quietly(Slot& s) noexcept {
+  (void)cudaStreamSynchronize(s.stream);
+  (void)cudaGetLastError();
+}
+
+void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
+  auto grow = [](uint64_t have, uint64_t need) { return std::max(need, have + have / 2); };
+  if (s.dev_bytes < p.dev_bytes) {
+    const uint64_t n = grow(s.dev_bytes, p.dev_bytes);
+    if (s.dev != nullptr) {
+      (void)cudaFree(s.dev);
+      workspace_bytes_ -= s.dev_bytes;
+      s.dev = nullptr;
+      s.dev_bytes = 0;
+    }
+    void* d = nullptr;
+    cudaError_t e = cudaMalloc(&d, n);
+    if (e != cudaSuccess && n > p.dev_bytes) {  // the growth margin may be what does not fit
+      (void)cudaGetLastError();
+      e = cudaMalloc(&d, p.dev_bytes);
+      if (e == cudaSuccess) {
+        s.dev = static_cast<char*>(d);
+        s.dev_bytes = p.dev_bytes;
+        workspace_bytes_ += s.dev_bytes;
+      }
+    } else if (e == cudaSuccess) {
+      s.dev = static_cast<char*>(d);
+      s.dev_bytes = n;
+      workspace_bytes_ += s.dev_bytes;
+    }
+    if (e != cudaSuccess) throw_cuda(e, "cudaMalloc of " + std::to_string(p.dev_bytes) + " bytes of scratch", device_);
+  }
+  auto pinned = [&](char*& ptr, uint64_t& have, uint64_t need, const char* what) {
+    if (have >= need) return;
+    if (ptr != nullptr) (void)cudaFreeHost(ptr);
+    ptr = nullptr;
+    const uint64_t n = grow(have, need);
+    have = 0;
+    void* h = nullptr;
+    const cudaError_t e = cudaHostAlloc(&h, n, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Failure(STRATA_ERR_OUT_OF_MEMORY, "cuda device " + std::to_string(device_) + ": cudaHostAlloc of " +
+                                                  std::to_string(n) + " bytes of pinned " + what +
+                                                  " staging failed: " + cuda_text(e));
+    }
+    ptr = static_cast<char*>(h);
+    have = n;
+  };
+  pinned(s.in, s.in_bytes, p.head_bytes, "input");
+  pinned(s.out, s.out_bytes, p.y_bytes, "output");
+}
+
+const strata_resident* CudaBackend::own_resident(const strata_resident* r) {
+  if (r == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  return residents_.count(r) != 0 ? r : nullptr;
+}
+
+// ---- planning ----------------------------------------------------------------------------------------------
+
+namespace {
+
+// Checks a matrix of a call and finds its device copy (resident) or schedules a staged copy of the host data.
+class MatrixResolver {
+ public:
+  MatrixResolver(std::vector<Upload>* uploads, std::function<const strata_resident*(const strata_resident*)> own)
+      : uploads_(uploads), own_(std::move(own)) {}
+
+  MatRef resolve(const strata_matrix* m, const std::string& what) {
+    if (m == nullptr || m->rows <= 0 || m->cols <= 0) invalid(what + ": empty or NULL matrix");
+    if (!CudaBackend::supports(m->dtype)) {
+      throw Failure(STRATA_ERR_UNSUPPORTED, what + ": weight format " + dtype_name(m->dtype) +
+                                                " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
+    }
+    if (m->rows > kMaxDim || m->cols > kMaxDim) {
+      throw Failure(STRATA_ERR_UNSUPPORTED, what + ": " + std::to_string(m->rows) + " x " + std::to_string(m->cols) +
+                                                " is larger than this backend handles (2^30 per side)");
+    }
+    MatRef r;
+    r.dm.rows = static_cast<int32_t>(m->rows);
+    r.dm.cols = static_cast<int32_t>(m->cols);
+    r.dm.kp = static_cast<int32_t>(padded_cols(m->cols));
+    r.dm.dtype = m->dtype;
+    r.dm.stride = device_row_bytes(m->dtype, m->cols);
+    if (const strata_resident* res = own_(m->resident)) {
+      if (res->m.dtype != m->dtype || res->m.rows != m->rows || res->m.cols != m->cols) {
+        invalid(what + ": the resident copy is a " + dtype_name(res->m.dtype) + " " + std::to_string(res->m.rows) +
+                " x " + std::to_string(res->m.cols) + " matrix, the matrix says " + dtype_name(m->dtype) + " " +
+                std::to_string(m->rows) + " x " + std::to_string(m->cols));
+      }
+      r.dm = res->m;
+      return r;
+    }
+    if (m->data == nullptr) {
+      invalid(what + (m->resident != nullptr ? ": resident on another backend and no host data"
+                                             : ": empty or NULL matrix"));
+    }
+    if (is_q4(m->dtype) && m->scales == nullptr) invalid(what + ": int4 matrix without scales");
+    const auto key = std::make_tuple(m->data, m->scales, m->dtype, m->rows, m->cols);
+    auto it = staged_.find(key);
+    if (it == staged_.end()) {
+      it = staged_.emplace(key, static_cast<int64_t>(uploads_->size())).first;
+      uploads_->push_back(Upload{m, 0, 0});
+    }
+    r.upload = it->second;
+    return r;
+  }
+
+ private:
+  std::vector<Upload>* uploads_;
+  std::function<const strata_resident*(const strata_resident*)> own_;
+  std::map<std::tuple<const void*, const float*, int32_t, int64_t, int64_t>, int64_t> staged_;
+};
+
+// Places the staged host matrices at the end of the layout.
+void place_uploads(Plan& p, Layout& lay) {
+  for (Upload& u : p.uploads) {
+    const strata_matrix& m = *u.src;
+    u.data_off = lay.take(device_data_bytes(m.dtype, m.rows, m.cols));
+    u.scale_off = is_q4(m.dtype) ? lay.take(static_cast<uint64_t>(scale_count(m.dtype, m.rows, m.cols)) * 4) : 0;
+  }
+}
+
+// Groups items into launches: one per (kernel, format, splits) class, items of a class contiguous. `nts` gets
+// the n-tile count of each class (the operand buffers are sized by it).
+struct ClassKey {
+  bool tc;
+  int32_t dtype;
+  int splits;
+  bool operator<(const ClassKey& o) const { return std::tie(tc, dtype, splits) < std::tie(o.tc, o.dtype, o.splits); }
+  bool operator==(const ClassKey& o) const { return tc == o.tc && dtype == o.dtype && splits == o.splits; }
+};
+
+int grid_for(bool tc, bool gate_up, int rows) {
+  const int per_block = tc ? kTcRowsPerBlock : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
+  return (rows + per_block - 1) / per_block;
+}
+
+}  // namespace
+
+Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                             const strata_expert_task* tasks) {
+  if (n_tasks < 0 || (n_tasks > 0 && tasks == nullptr)) invalid("expert_group: bad task list");
+  if (n_x_rows < 0) invalid("expert_group: n_x_rows < 0");
+  Plan p;
+  MatrixResolver res(&p.uploads, [this](const strata_resident* r) { return own_resident(r); });
+
+  // Validate every task (as the CPU backends do) and cut the routed rows into chunks.
+  struct Chunk {
+    int task, start, n;
+    MatRef gate, up, down;
+    ClassKey gu, dn;
+  };
+  std::vector<Chunk> chunks;
+  std::vector<uint64_t> task_rows_at(static_cast<size_t>(n_tasks), 0);
+  bool any_rows = false;
+  for (int32_t t = 0; t < n_tasks; ++t) {
+    const strata_expert_task& task = tasks[t];
+    if (task.n_rows == 0) continue;
+    const std::string tn = "expert_group: task " + std::to_string(t);
+    if (task.n_rows < 0 || task.expert == nullptr || task.rows == nullptr || task.out == nullptr || x == nullptr) {
+      invalid(tn + " is malformed");
+    }
+    const strata_expert& e = *task.expert;
+    const MatRef gate = res.resolve(&e.gate, "expert_group gate");
+    const MatRef up = res.resolve(&e.up, "expert_group up");
+    const MatRef down = res.resolve(&e.down, "expert_group down");
+    if (e.gate.cols != hidden || e.up.cols != hidden || e.up.rows != e.gate.rows || e.down.rows != hidden ||
+        e.down.cols != e.gate.rows) {
+      invalid(tn + " has inconsistent gate/up/down shapes for hidden " + std::to_string(hidden));
+    }
+    if (e.gate.dtype != e.up.dtype) {
+      throw Failure(STRATA_ERR_UNSUPPORTED, tn + ": gate (" + dtype_name(e.gate.dtype) + ") and up (" +
+                                                dtype_name(e.up.dtype) + ") of different formats");
+    }
+    for (int32_t r = 0; r < task.n_rows; ++r) {
+      if (task.rows[r] < 0 || task.rows[r] >= n_x_rows) {
+        invalid(tn + " row index " + std::to_string(task.rows[r]) + " outside [0, " + std::to_string(n_x_rows) + ")");
+      }
+    }
+    any_rows = true;
+    const bool w4a16 = settings_.w4a16_min_rows > 0 && task.n_rows >= settings_.w4a16_min_rows;
+    const bool gu_tc = is_q4(e.gate.dtype) && !settings_.force_simt;
+    const bool dn_tc = is_q4(e.down.dtype) && !settings_.force_simt;
+    const int s_in = gu_tc ? (w4a16 ? 1 : 3) : 0;
+    const int s_h = dn_tc ? (w4a16 ? 1 : 3) : 0;
+    const int cap = std::min(chunk_capacity(s_in), chunk_capacity(s_h));
+    task_rows_at[static_cast<size_t>(t)] = p.rows.size();
+    p.rows.insert(p.rows.end(), task.rows, task.rows + task.n_rows);
+    for (int start = 0; start < task.n_rows; start += cap) {
+      chunks.push_back(Chunk{t, start, std::min(cap, task.n_rows - start), gate, up, down,
+                             ClassKey{gu_tc, e.gate.dtype, s_in}, ClassKey{dn_tc, e.down.dtype, s_h}});
+    }
+  }
+  if (!any_rows) return p;  // nothing to compute; the group completes at once
+
+  // Launch classes and their n-tile counts.
+  std::map<ClassKey, int> gu_nt, dn_nt;
+  for (const Chunk& c : chunks) {
+    if (c.gu.tc) gu_nt[c.gu] = std::max(gu_nt[c.gu], nt_for(c.gu.splits, c.n));
+    else gu_nt[c.gu] = 0;
+    if (c.dn.tc) dn_nt[c.dn] = std::max(dn_nt[c.dn], nt_for(c.dn.splits, c.n));
+    else dn_nt[c.dn] = 0;
+  }
+  for (auto* m : {&gu_nt, &dn_nt}) {
+    for (auto& [k, nt] : *m) {
+      if (k.tc && k.splits == 1 && nt == 3) nt = 4;
+    }
+  }
+
+  // Layout: head, then per chunk its gate_up input operand and h operand, then outputs (task order), then staged
+  // host weights.
+  Layout lay;
+  p.x = x;
+  p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(hidden) * 4;
+  p.x_off = lay.take(p.x_bytes);
+  p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
+  p.items_off = lay.take(2 * chunks.size() * sizeof(WorkItem));
+  p.jobs_off = lay.take(chunks.size() * sizeof(PrepJob));
+  p.head_bytes = lay.cursor;
+
+  const int64_t hp = padded_cols(hidden);
+  std::vector<uint64_t> in_off(chunks.size()), h_off(chunks.size()), h_bytes(chunks.size());
+  int64_t max_prep = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    const int64_t fp = padded_cols(c.gate.dm.rows);
+    const int64_t in_cols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
+    const uint64_t in_bytes = static_cast<uint64_t>(in_cols * hp) * (c.gu.tc ? 2 : 4);
+    const int64_t h_cols = c.dn.tc ? 8 * dn_nt[c.dn] : c.n;
+    h_bytes[i] = static_cast<uint64_t>(h_cols * fp) * (c.dn.tc ? 2 : 4);
+    in_off[i] = lay.take(in_bytes);
+    h_off[i] = lay.take(h_bytes[i]);
+    max_prep = std::max({max_prep, in_cols * hp, static_cast<int64_t>(h_bytes[i] / 16)});
+  }
+  p.y_off = lay.cursor;
+  std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
+  uint64_t y_cursor = 0;
+  for (int32_t t = 0; t < n_tasks; ++t) {
+    if (tasks[t].n_rows <= 0) continue;
+    const uint64_t bytes = static_cast<uint64_t>(tasks[t].n_rows) * static_cast<uint64_t>(hidden) * 4;
+    y_task[static_cast<size_t>(t)] = y_cursor;
+    p.outs.push_back(strata_group::OutCopy{tasks[t].out, y_cursor, bytes});
+    y_cursor += bytes;
+  }
+  p.y_bytes = y_cursor;
+  lay.take(p.y_bytes);
+  place_uploads(p, lay);
+  p.dev_bytes = lay.cursor;
+  p.prep_blocks = static_cast<int>(std::clamp<int64_t>((max_prep + 255) / 256, 1, 2048));
+
+  // Items: gate_up items class by class, then down items class by class; one prep job per chunk.
+  auto emit = [&](bool gate_up) {
+    const auto& nts = gate_up ? gu_nt : dn_nt;
+    for (const auto& [key, nt] : nts) {
+      LaunchSpec l{key.tc, key.dtype, gate_up, key.splits, nt, p.items.size(), 0, 0};
+      int max_rows = 0;
+      for (size_t i = 0; i < chunks.size(); ++i) {
+        const Chunk& c = chunks[i];
+        if (!((gate_up ? c.gu : c.dn) == key)) continue;
+        ItemSpec it;
+        it.n_tok = c.n;
+        if (gate_up) {
+          it.w0 = c.gate;
+          it.w1 = c.up;
+          it.in_off = in_off[i];
+          it.in_splits = c.gu.splits;
+          it.h_off = h_off[i];
+          it.h_splits = c.dn.tc ? c.dn.splits : 0;
+          it.h_kp = static_cast<int>(padded_cols(c.gate.dm.rows));
+          max_rows = std::max(max_rows, c.gate.dm.rows);
+        } else {
+          it.w0 = c.down;
+          it.w1 = c.down;
+          it.in_off = h_off[i];
+          it.in_splits = c.dn.splits;
+          it.y_off = p.y_off + y_task[static_cast<size_t>(c.task)] +
+                     static_cast<uint64_t>(c.start) * static_cast<uint64_t>(hidden) * 4;
+          it.y_ld = hidden;
+          max_rows = std::max(max_rows, c.down.dm.rows);
+        }
+        p.items.push_back(it);
+      }
+      l.n_items = static_cast<int>(p.items.size() - l.first_item);
+      l.grid_x = grid_for(key.tc, gate_up, max_rows);
+      p.launches.push_back(l);
+    }
+  };
+  emit(true);
+  emit(false);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    JobSpec j;
+    j.rows_off = p.rows_off + (task_rows_at[static_cast<size_t>(c.task)] + static_cast<uint64_t>(c.start)) * 4;
+    j.x_ld = hidden;
+    j.row0 = 0;
+    j.n_tok = c.n;
+    j.cols = static_cast<int>(hidden);
+    j.kp = static_cast<int>(hp);
+    j.splits = c.gu.tc ? c.gu.splits : 0;
+    j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
+    j.dst_off = in_off[i];
+    j.zero_off = h_off[i];
+    j.zero_bytes = static_cast<int64_t>(h_bytes[i]);
+    p.jobs.push_back(j);
+  }
+  return p;
+}
+
+Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows) {
+  Plan p;
+  MatrixResolver res(&p.uploads, [this](const strata_resident* r) { return own_resident(r); });
+  const MatRef m = res.resolve(&w, "matmul");
+  if (n_x_rows < 0 || (n_x_rows > 0 && x == nullptr)) invalid("matmul: bad activations");
+  if (n_x_rows == 0) {
+    p.uploads.clear();
+    return p;
+  }
+  if (n_x_rows > kMaxDim) throw Failure(STRATA_ERR_UNSUPPORTED, "matmul: too many rows");
+  const bool tc = is_q4(w.dtype) && !settings_.force_simt;
+  const int splits = tc ? 3 : 0;
+  const int cap = chunk_capacity(splits);
+  const int n = static_cast<int>(n_x_rows);
+  const int n_chunks = (n + cap - 1) / cap;
+  int nt = 0;
+  if (tc) {
+    for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(3, std::min(cap, n - s)));
+  }
+  const int64_t kp = padded_cols(w.cols);
+  Layout lay;
+  p.x = x;
+  p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.cols) * 4;
+  p.x_off = lay.take(p.x_bytes);
+  p.rows_off = lay.take(0);
+  p.items_off = lay.take(static_cast<uint64_t>(n_chunks) * sizeof(WorkItem));
+  p.jobs_off = lay.take(static_cast<uint64_t>(n_chunks) * sizeof(PrepJob));
+  p.head_bytes = lay.cursor;
+  std::vector<uint64_t> in_off(static_cast<size_t>(n_chunks));
+  int64_t max_prep = 0;
+  for (int c = 0; c < n_chunks; ++c) {
+    const int len = std::min(cap, n - c * cap);
+    const int64_t cols = tc ? 8 * nt : len;
+    in_off[static_cast<size_t>(c)] = lay.take(static_cast<uint64_t>(cols * kp) * (tc ? 2 : 4));
+    max_prep = std::max(max_prep, cols * kp);
+  }
+  p.y_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.rows) * 4;
+  p.y_off = lay.take(p.y_bytes);
+  place_uploads(p, lay);
+  p.dev_bytes = lay.cursor;
+  p.prep_blocks = static_cast<int>(std::clamp<int64_t>((max_prep + 255) / 256, 1, 2048));
+  LaunchSpec l{tc, w.dtype, false, splits, nt, 0, n_chunks, grid_for(tc, false, m.dm.rows)};
+  p.launches.push_back(l);
+  for (int c = 0; c < n_chunks; ++c) {
+    const int start = c * cap, len = std::min(cap, n - start);
+    ItemSpec it;
+    it.w0 = m;
+    it.w1 = m;
+    it.n_tok = len;
+    it.in_off = in_off[static_cast<size_t>(c)];
+    it.in_splits = splits;
+    it.y_off = p.y_off + static_cast<uint64_t>(start) * static_cast<uint64_t>(w.rows) * 4;
+    it.y_ld = w.rows;
+    p.items.push_back(it);
+    JobSpec j;
+    j.x_ld = w.cols;
+    j.row0 = start;
+    j.n_tok = len;
+    j.cols = static_cast<int>(w.cols);
+    j.kp = static_cast<int>(kp);
+    j.splits = splits;
+    j.ncols = tc ? 8 * nt : len;
+    j.dst_off = in_off[static_cast<size_t>(c)];
+    p.jobs.push_back(j);
+  }
+  return p;
+}
+
+// ---- execution ---------------------------------------------------------------------------------------------
+
+void CudaBackend::stage(Slot& s, const Plan& p) {
+  char* base = s.dev;
+  // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
+  if (p.x_bytes > 0) std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
+  if (!p.rows.empty()) std::memcpy(s.in + p.rows_off, p.rows.data(), p.rows.size() * sizeof(int32_t));
+  WorkItem* items = reinterpret_cast<WorkItem*>(s.in + p.items_off);
+  for (size_t i = 0; i < p.items.size(); ++i) {
+    const ItemSpec& is = p.items[i];
+    WorkItem w{};
+    w.w0 = patch(is.w0, p.uploads, base);
+    w.w1 = patch(is.w1, p.uploads, base);
+    w.in = base + is.in_off;
+    w.y = is.y_off != kNone ? reinterpret_cast<float*>(base + is.y_off) : nullptr;
+    w.y_ld = is.y_ld;
+    w.h = is.h_off != kNone ? base + is.h_off : nullptr;
+    w.h_splits = is.h_splits;
+    w.h_kp = is.h_kp;
+    w.n_tok = is.n_tok;
+    w.in_splits = is.in_splits;
+    std::memcpy(&items[i], &w, sizeof w);
+  }
+  PrepJob* jobs = reinterpret_cast<PrepJob*>(s.in + p.jobs_off);
+  for (size_t i = 0; i < p.jobs.size(); ++i) {
+    const JobSpec& js = p.jobs[i];
+    PrepJob j{};
+    j.x = reinterpret_cast<const float*>(base + p.x_off);
+    j.x_ld = js.x_ld;
+    j.rows = js.rows_off != kNone ? reinterpret_cast<const int32_t*>(base + js.rows_off) : nullptr;
+    j.dst = base + js.dst_off;
+    j.zero = js.zero_off != kNone ? base + js.zero_off : nullptr;
+    j.zero_bytes = js.zero_bytes;
+    j.row0 = js.row0;
+    j.n_tok = js.n_tok;
+    j.cols = js.cols;
+    j.kp = js.kp;
+    j.splits = js.splits;
+    j.ncols = js.ncols;
+    std::memcpy(&jobs[i], &j, sizeof j);
+  }
+  if (p.head_bytes > 0) {
+    STRATA_CK(cudaMemcpyAsync(base, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream), "copy of the inputs");
+  }
+  // Host weights: padded rows (the padding zeroed), then the scales. From pageable memory these copies return
+  // once the data is staged by the driver, so the caller's weights need not outlive the call.
+  for (const Upload& u : p.uploads) {
+    const strata_matrix& m = *u.src;
+    const int64_t raw = host_row_bytes(m.dtype, m.cols), padded = device_row_bytes(m.dtype, m.cols);
+    if (raw != padded) {
+      STRATA_CK(cudaMemsetAsync(base + u.data_off, 0, static_cast<size_t>(padded * m.rows), s.stream),
+                "clearing staged weights");
+    }
+    STRATA_CK(cudaMemcpy2DAsync(base + u.data_off, static_cast<size_t>(padded), m.data, static_cast<size_t>(raw),
+                                static_cast<size_t>(raw), static_cast<size_t>(m.rows), cudaMemcpyHostToDevice, s.stream),
+              "copy of host weights");
+    if (is_q4(m.dtype)) {
+      STRATA_CK(cudaMemcpyAsync(base + u.scale_off, m.scales,
+                                static_cast<size_t>(scale_count(m.dtype, m.rows, m.cols)) * 4, cudaMemcpyHostToDevice,
+                                s.stream),
+                "copy of host scales");
+    }
+  }
+}
+
+void CudaBackend::launch(Slot& s, const Plan& p) {
+  if (p.items.empty()) return;
+  constexpr int kMaxGridY = 65535;
+  for (size_t first = 0; first < p.jobs.size(); first += kMaxGridY) {
+    const int n = static_cast<int>(std::min<size_t>(kMaxGridY, p.jobs.size() - first));
+    STRATA_CK(launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, s.stream),
+              "launch of prep_operands");
+  }
+  for (const LaunchSpec& l : p.launches) {
+    for (int first = 0; first < l.n_items; first += kMaxGridY) {
+      const int n = std::min(kMaxGridY, l.n_items - first);
+      const WorkItem* items =
+          reinterpret_cast<const WorkItem*>(s.dev + p.items_off) + l.first_item + static_cast<uint64_t>(first);
+      cudaError_t e;
+      std::string name;
+      if (l.tc) {
+        const bool g64 = l.dtype == kQ4G64;
+        name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
+        if (l.gate_up) {
+          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
+                  : launch_gate_up_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+        } else {
+          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
+                  : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+        }
+      } else {
+        name = std::string(l.gate_up ? "gate_up_simt_" : "linear_simt_") + dtype_name(l.dtype);
+        e = l.gate_up ? launch_gate_up_simt(l.dtype, items, n, l.grid_x, s.stream)
+                      : launch_linear_simt(l.dtype, items, n, l.grid_x, s.stream);
+      }
+      STRATA_CK(e, "launch of " + name + " (splits " + std::to_string(l.splits) + ", n-tiles " + std::to_string(l.nt) +
+                       ", " + std::to_string(n) + " items)");
+    }
+  }
+}
+
+void CudaBackend::finish(Slot& s, const Plan& p) {
+  if (p.y_bytes > 0) {
+    STRATA_CK(cudaMemcpyAsync(s.out, s.dev + p.y_off, p.y_bytes, cudaMemcpyDeviceToHost, s.stream),
+              "copy of the outputs");
+  }
+  STRATA_CK(cudaEventRecord(s.done, s.stream), "cudaEventRecord");
+}
+
+strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                                 const strata_expert_task* tasks) {
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  if (hidden <= 0 || hidden > kMaxDim) invalid("expert_group: hidden must be in [1, 2^30]");
+  Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
+  auto g = std::make_unique<strata_group>();
+  g->magic = kGroupMagic;
+  g->owner = this;
+  g->outs = p.outs;
+  Slot* s = acquire_slot();
+  g->slot = s;
+  try {
+    ensure_capacity(*s, p);
+    stage(*s, p);
+    const int injected = fail_next_.exchange(0);
+    if (injected == STRATA_ERR_OUT_OF_MEMORY) {
+      throw Failure(STRATA_ERR_OUT_OF_MEMORY,
+                    "cuda device " + std::to_string(device_) + ": out of device memory (injected by STRATA_CUDA_FAIL_NEXT=oom)");
+    }
+    if (injected != 0) {
+      throw Failure(STRATA_ERR_DEVICE,
+                    "cuda device " + std::to_string(device_) + ": device error (injected by STRATA_CUDA_FAIL_NEXT=device)");
+    }
+    launch(*s, p);
+    finish(*s, p);
+  } catch (...) {
+    sync_quietly(*s);
+    release_slot(s);
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_.insert(g.get());
+  return g.release();
+}
+
+void CudaBackend::take(strata_group* group) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (group == nullptr || groups_.erase(group) == 0) {
+      invalid("expert_group_take: not an expert group in flight on this backend (already taken, or NULL)");
+    }
+  }
+  std::unique_ptr<strata_group> g(group);
+  Slot* s = g->slot;
+  const cudaError_t sd = cudaSetDevice(device_);
+  const cudaError_t e = sd != cudaSuccess ? sd : cudaEventSynchronize(s->done);
+  if (e != cudaSuccess) {
+    sync_quietly(*s);
+    release_slot(s);
+    throw_cuda(e, "expert group", device_);
+  }
+  for (const auto& o : g->outs) std::memcpy(o.dst, s->out + o.offset, o.bytes);
+  release_slot(s);
+}
+
+void CudaBackend::discard(strata_group* group) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (group == nullptr || groups_.erase(group) == 0) return;
+  }
+  std::unique_ptr<strata_group> g(group);
+  (void)cudaSetDevice(device_);
+  sync_quietly(*g->slot);
+  release_slot(g->slot);
+}
+
+void CudaBackend::expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                               const strata_expert_task* tasks) {
+  take(issue(x, n_x_rows, hidden, n_tasks, tasks));
+}
+
+void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y) {
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  if (n_x_rows > 0 && y == nullptr) invalid("matmul: bad activations");
+  Plan p = plan_matmul(w, x, n_x_rows);
+  if (n_x_rows == 0) return;
+  Slot* s = acquire_slot();
+  try {
+    ensure_capacity(*s, p);
+    stage(*s, p);
+    launch(*s, p);
+    finish(*s, p);
+    STRATA_CK(cudaEventSynchronize(s->done), "matmul");
+  } catch (...) {
+    sync_quietly(*s);
+    release_slot(s);
+    throw;
+  }
+  std::memcpy(y, s->out, p.y_bytes);
+  release_slot(s);
+}
+
+std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                                                  const strata_expert_task* tasks, int iters) {
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
+  Slot* s = acquire_slot();
+  std::vector<float> ms;
+  try {
+    if (s->t0 == nullptr) STRATA_CK(cudaEventCreate(&s->t0), "cudaEventCreate");
+    if (s->t1 == nullptr) STRATA_CK(cudaEventCreate(&s->t1), "cudaEventCreate");
+    ensure_capacity(*s, p);
+    stage(*s, p);
+    for (int i = 0; i < iters; ++i) {
+      STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");
+      launch(*s, p);
+      STRATA_CK(cudaEventRecord(s->t1, s->stream), "cudaEventRecord");
+      STRATA_CK(cudaEventSynchronize(s->t1), "expert group");
+      float t = 0;
+      STRATA_CK(cudaEventElapsedTime(&t, s->t0, s->t1), "cudaEventElapsedTime");
+      ms.push_back(t);
+    }
+    finish(*s, p);
+    STRATA_CK(cudaEventSynchronize(s->done), "expert group");
+  } catch (...) {
+    sync_quietly(*s);
+    release_slot(s);
+    throw;
+  }
+  for (const auto& o : p.outs) std::memcpy(o.dst, s->out + o.offset, o.bytes);
+  release_slot(s);
+  return ms;
+}
+
+// ---- device memory -----------------------------------------------------------------------------------------
+
+strata_resident* CudaBackend::upload(const strata_matrix& w) {
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  if (w.rows <= 0 || w.cols <= 0 || w.data == nullptr) invalid("upload_matrix: empty or NULL matrix");
+  if (!supports(w.dtype)) {
+    throw Failure(STRATA_ERR_UNSUPPORTED, std::string("upload_matrix: weight format ") + dtype_name(w.dtype) +
+                                              " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
+  }
+  if (w.rows > kMaxDim || w.cols > kMaxDim) {
+    throw Failure(STRATA_ERR_UNSUPPORTED, "upload_matrix: larger than this backend handles (2^30 per side)");
+  }
+  if (is_q4(w.dtype) && w.scales == nullptr) invalid("upload_matrix: int4 matrix without scales");
+  const uint64_t bytes = device_matrix_bytes(w.dtype, w.rows, w.cols);
+  const uint64_t data_bytes = device_data_bytes(w.dtype, w.rows, w.cols);
+  void* d = nullptr;
+  const cudaError_t e = cudaMalloc(&d, bytes);
+  if (e != cudaSuccess) throw_cuda(e, "cudaMalloc of " + std::to_string(bytes) + " bytes for a resident matrix", device_);
+  char* base = static_cast<char*>(d);
+  const int64_t raw = host_row_bytes(w.dtype, w.cols), padded = device_row_bytes(w.dtype, w.cols);
+  try {
+    // On the legacy stream, then waited for: the copy is complete (not only staged) when upload returns.
+    if (raw != padded) STRATA_CK(cudaMemsetAsync(base, 0, data_bytes, cudaStreamLegacy), "clearing a resident matrix");
+    STRATA_CK(cudaMemcpy2DAsync(base, static_cast<size_t>(padded), w.data, static_cast<size_t>(raw),
+                                static_cast<size_t>(raw), static_cast<size_t>(w.rows), cudaMemcpyHostToDevice,
+                                cudaStreamLegacy),
+              "copy of a resident matrix");
+    if (is_q4(w.dtype)) {
+      STRATA_CK(cudaMemcpyAsync(base + align_up(data_bytes), w.scales,
+                                static_cast<size_t>(scale_count(w.dtype, w.rows, w.cols)) * 4, cudaMemcpyHostToDevice,
+                                cudaStreamLegacy),
+                "copy of resident scales");
+    }
+    STRATA_CK(cudaStreamSynchronize(cudaStreamLegacy), "upload_matrix");
+  } catch (...) {
+    (void)cudaFree(d);
+    throw;
+  }
+  auto r = std::make_unique<strata_resident>();
+  r->magic = kResidentMagic;
+  r->owner = this;
+  r->alloc = d;
+  r->bytes = bytes;
+  r->m.data = base;
+  r->m.scales = is_q4(w.dtype) ? reinterpret_cast<const float*>(base + align_up(data_bytes)) : nullptr;
+  r->m.stride = padded;
+  r->m.rows = static_cast<int32_t>(w.rows);
+  r->m.cols = static_cast<int32_t>(w.cols);
+  r->m.kp = static_cast<int32_t>(padded_cols(w.cols));
+  r->m.dtype = w.dtype;
+  std::lock_guard<std::mutex> lock(mu_);
+  residents_.insert(r.get());
+  resident_bytes_ += bytes;
+  return r.release();
+}
+
+void CudaBackend::free(strata_resident* r) {
+  if (r == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (residents_.erase(r) == 0) invalid("free_matrix: not a resident matrix of this backend");
+    resident_bytes_ -= r->bytes;
+  }
+  std::unique_ptr<strata_resident> own(r);
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  STRATA_CK(cudaFree(r->alloc), "cudaFree of a resident matrix");
+}
+
+strata_memory_info CudaBackend::memory_info() {
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  size_t free_b = 0, total_b = 0;
+  STRATA_CK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  strata_memory_info m{};
+  m.total_bytes = total_b;
+  m.free_bytes = free_b;
+  std::lock_guard<std::mutex> lock(mu_);
+  m.resident_bytes = resident_bytes_;
+  m.used_bytes = resident_bytes_ + workspace_bytes_.load();
+  return m;
+}
+
+}  // namespace strata_cuda

@@ -1,0 +1,76 @@
+// Device helpers shared by the kernels: bf16 splitting of f32 values, the operand column order, silu, the
+// gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming loads, bf16x2 fma).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "work.hpp"
+
+namespace strata_cuda {
+
+__device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+
+// Part p of v split into bf16 terms: hi = bf16(v), mid = bf16(v - hi), lo = bf16(v - hi - mid). The
+// subtractions are exact in f32, so hi + mid + lo equals v to about 2^-24 relative; part 0 alone is bf16(v).
+__device__ __forceinline__ uint16_t split_part(float v, int p) {
+  const uint16_t hi = bf16_bits(v);
+  if (p == 0) return hi;
+  const float r1 = v - bf16_value(hi);
+  const uint16_t mid = bf16_bits(r1);
+  if (p == 1) return mid;
+  return bf16_bits(r1 - bf16_value(mid));
+}
+
+// Position, within its 16-column chunk, of column c of a tensor-core operand row: the 4x4 transpose
+// (column s + 4t sits in slot 4s + t). It is its own inverse.
+__device__ __forceinline__ int operand_slot(int c) { return (c & ~15) | ((c & 3) << 2) | ((c >> 2) & 3); }
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// Writes h for token r, column o (o < the gate rows) into a gate_up item's output operand.
+__device__ __forceinline__ void store_h(const WorkItem& it, int r, int o, float h) {
+  if (it.h_splits > 0) {
+    uint16_t* dst = static_cast<uint16_t*>(it.h);
+    const int64_t col = operand_slot(o);
+    for (int p = 0; p < it.h_splits; ++p) {
+      dst[static_cast<int64_t>(r * it.h_splits + p) * it.h_kp + col] = split_part(h, p);
+    }
+  } else {
+    static_cast<float*>(it.h)[static_cast<int64_t>(r) * it.h_kp + o] = h;
+  }
+}
+
+// D = A · B + C for one m16n8k16 tile, bf16 inputs, f32 accumulation (PTX ISA "mma.m16n8k16" fragment layouts:
+// a0: row g k 2q..2q+1, a1: row g+8 k 2q.., a2: row g k 2q+8.., a3: row g+8 k 2q+8..; b0: k 2q..2q+1, b1: k 2q+8..
+// of column g; c0,c1: row g columns 2q, 2q+1; c2,c3: row g+8; g = lane / 4, q = lane % 4).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1, float c0, float c1, float c2, float c3) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
+}
+
+// Nibbles s and s + 4 of the 32-bit word w (columns s and s + 4 of its 8) as a bf16x2 of (nibble - 8), low half
+// = column s: the nibbles go into the mantissa of 128.0 (bf16 0x4300), then one fma subtracts 136 exactly.
+__device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s) {
+  const uint32_t v = ((w >> (4 * s)) & 0x000F000Fu) | 0x43004300u;
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
+  return d;
+}
+
+// 8-byte load of streamed weights: read once, so kept out of L1 (the activations live there).
+__device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint2 ld_cached_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+
+}  // namespace strata_cuda

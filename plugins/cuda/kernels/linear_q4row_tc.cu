@@ -1,0 +1,13 @@
+// Tensor-core (mma.sync m16n8k16 bf16) kernels: y = W · x for Q4_ROW weights (expert down pass and dense matmul).
+// Instances: exact mode (3 bf16 parts per activation) with 1-3 n-tiles (up to 8 tokens), W4A16 (1 part) with
+// 1, 2 or 4 n-tiles (up to 32 tokens). See tc_q4.cuh.
+#include "tc_q4.cuh"
+
+namespace strata_cuda {
+
+cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x,
+                                 cudaStream_t stream) {
+  return launch_tc_q4<kQ4Row, false>(splits, nt, items, n_items, grid_x, stream);
+}
+
+}  // namespace strata_cuda

@@ -1,0 +1,49 @@
+// Builds the input operands of a batch of work items from f32 activations (gather by row index, bf16 splits in
+// the tensor-core column order, or plain f32 rows for the SIMT kernels) and clears the gate_up output operands.
+#include "device_util.cuh"
+
+namespace strata_cuda {
+namespace {
+
+__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs) {
+  const PrepJob& j = jobs[blockIdx.y];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t kp = j.kp;
+  const int64_t n_elem = static_cast<int64_t>(j.ncols) * kp;
+  for (int64_t e = first; e < n_elem; e += stride) {
+    const int n = static_cast<int>(e / kp);
+    const int pos = static_cast<int>(e - n * kp);
+    if (j.splits > 0) {
+      const int r = n / j.splits, p = n - r * j.splits;
+      const int col = operand_slot(pos);  // the column stored at this slot (the transpose is an involution)
+      float v = 0.0f;
+      if (r < j.n_tok && col < j.cols) {
+        const int64_t row = j.rows != nullptr ? j.rows[r] : static_cast<int64_t>(j.row0) + r;
+        v = j.x[row * j.x_ld + col];
+      }
+      static_cast<uint16_t*>(j.dst)[e] = split_part(v, p);
+    } else {
+      float v = 0.0f;
+      if (n < j.n_tok && pos < j.cols) {
+        const int64_t row = j.rows != nullptr ? j.rows[n] : static_cast<int64_t>(j.row0) + n;
+        v = j.x[row * j.x_ld + pos];
+      }
+      static_cast<float*>(j.dst)[e] = v;
+    }
+  }
+  if (j.zero != nullptr) {
+    uint4* z = static_cast<uint4*>(j.zero);
+    for (int64_t e = first; e < j.zero_bytes / 16; e += stride) z[e] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, cudaStream_t stream) {
+  if (n_jobs <= 0) return cudaSuccess;
+  prep_operands_kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)), 256, 0, stream>>>(jobs);
+  return cudaGetLastError();
+}
+
+}  // namespace strata_cuda

@@ -1,0 +1,87 @@
+// The work descriptions the host (dispatch.cpp) hands to the kernels: plain structs of device pointers and
+// integers, compiled by both g++ and nvcc.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace strata_cuda {
+
+// Weight formats, the numbers of strata_dtype.
+enum : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ4Row = 3, kQ4G64 = 4 };
+
+// Every matrix row on the device, and every operand row, is padded to a multiple of kColPad columns (one Q4_G64
+// group): the padding weights are finite (zero bytes) and the padding activations zero, so they add nothing.
+constexpr int kColPad = 64;
+
+// One weight matrix W[rows, cols] as the kernels read it: row o starts at data + o * stride (bytes) and holds
+// kp = 64 * ceil(cols / 64) columns in the weight format (int4: kp / 2 bytes, nibble pairs as on the host).
+// Q4_G64 scales: scales[o * (kp / 64) + g]; Q4_ROW: scales[o].
+struct DevMatrix {
+  const void* data;
+  const float* scales;
+  int64_t stride;
+  int32_t rows, cols, kp, dtype;
+};
+
+// A work item: one chunk of tokens (rows of x) through one matrix (linear) or through a gate/up pair (gate_up).
+//
+// Input operand `in`, by kernel family:
+//  - tensor-core (int4) kernels: bf16, [ncols][kp] with ncols = 8 * NT of the launch; column n = r * in_splits + p
+//    holds split p of token r (in_splits = 3: the f32 value as hi + mid + lo bf16 parts, exact to ~2^-24;
+//    in_splits = 1: the value rounded to bf16, the W4A16 mode); columns past n_tok * in_splits are zero. Within
+//    each 16-column chunk the columns are stored 4x4-transposed (slot 4s + t holds column s + 4t), the order in
+//    which a thread feeds them to mma.sync (see tc_q4.cuh).
+//  - SIMT kernels: f32, [n_tok][kp].
+// Outputs:
+//  - linear: y[r * y_ld + o] (f32) for r < n_tok, o < rows.
+//  - gate_up: h = silu(gate·x) * (up·x) written as the next stage's input operand: h_splits > 0: the bf16
+//    tensor-core layout with h_splits parts per token, row length h_kp; h_splits == 0: f32 [n_tok][h_kp].
+struct WorkItem {
+  DevMatrix w0;  // linear: the weight; gate_up: gate
+  DevMatrix w1;  // gate_up: up (same shape and format as gate)
+  const void* in;
+  float* y;
+  int64_t y_ld;
+  void* h;
+  int32_t h_splits, h_kp;
+  int32_t n_tok, in_splits;
+};
+
+// A preparation job: builds one work item's input operand from f32 rows of x (gathered through `rows`, or the
+// consecutive rows row0 ..), and zero-fills one other region (the operand its gate_up output goes to).
+struct PrepJob {
+  const float* x;
+  int64_t x_ld;
+  const int32_t* rows;  // n_tok row indices, or NULL
+  void* dst;
+  void* zero;          // NULL or a region of zero_bytes (a multiple of 16) to clear
+  int64_t zero_bytes;
+  int32_t row0, n_tok, cols, kp;
+  int32_t splits;  // > 0: the bf16 tensor-core layout with this many parts per token; 0: f32 [n_tok][kp]
+  int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
+};
+
+// Tensor-core kernels: 4 warps per block, 16 output rows per warp.
+constexpr int kTcWarps = 4;
+constexpr int kTcRowsPerBlock = 16 * kTcWarps;
+// SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
+constexpr int kSimtWarps = 8;
+constexpr int kSimtMaxTok = 8;
+constexpr int kSimtRowsLinear = 4;
+constexpr int kSimtRowsGateUp = 2;
+
+// Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
+// arrays; grid_x blocks along the output rows, one block row (grid y) per item.
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, cudaStream_t stream);
+// Tensor-core int4 kernels. splits: 3 (exact mode) with nt in {1, 2, 3}, or 1 (W4A16) with nt in {1, 2, 4}.
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+// SIMT f32 kernels for every format (up to kSimtMaxTok tokens per item).
+cudaError_t launch_gate_up_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+
+}  // namespace strata_cuda

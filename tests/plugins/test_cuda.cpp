@@ -1,0 +1,731 @@
+// The cuda plugin (label "gpu"). On a host without a CUDA driver or device every case checks that the plugin is
+// there and rejected with a reason, then skips (and passes); a build with STRATA_CUDA on whose plugin file is
+// missing fails. With a device: conformance against cpu_generic for every format and shape class (exact paths:
+// max |y - ref| <= 1e-5 * max |ref|; the W4A16 path: its stated tolerance), prefill rows equal decode rows bit
+// for bit, device memory and its accounting, asynchronous groups (several in flight, threads, devices),
+// injected and real failures returned as statuses, and every model fixture with its experts on the GPU.
+//
+// Runs from the build tree or from a bundle (tools/device/cuda_check.sh): plugins are found beside the
+// executable; STRATA_FIXTURES_DIR overrides the fixtures folder.
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "strata/error.hpp"
+#include "strata/plugin_abi.h"
+#include "strata/quant.hpp"
+#include "test_util.hpp"
+
+#ifndef STRATA_CUDA_BUILT
+#define STRATA_CUDA_BUILT 0
+#endif
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+PluginRegistry& registry() {
+  static PluginRegistry reg(plugin_search_path({}));
+  return reg;
+}
+
+const PluginRecord* find_record(const std::string& name) {
+  for (const auto& p : registry().plugins()) {
+    if (p.name == name || p.file.filename() == "libstrata_" + name + ".so") return &p;
+  }
+  return nullptr;
+}
+
+// The usable cuda plugin, or nullptr after saying why the case is skipped.
+const PluginRecord* cuda_or_skip() {
+  const PluginRecord* r = find_record("cuda");
+  if (r == nullptr) {
+    if (STRATA_CUDA_BUILT) FAIL("this build has STRATA_CUDA on, but libstrata_cuda.so is not in the plugin path");
+    MESSAGE("SKIPPED: this build has no CUDA plugin (STRATA_CUDA off)");
+    return nullptr;
+  }
+  if (!r->usable) {
+    MESSAGE("SKIPPED: the cuda plugin is rejected: " << r->reason);
+    return nullptr;
+  }
+  return r;
+}
+
+std::shared_ptr<Backend> make_backend(const PluginRecord& r, int device = 0) {
+  return std::make_shared<Backend>(r.library, r.vtable, 0, device);
+}
+
+// A cuda backend created with these environment settings (read at create), which are then unset.
+std::shared_ptr<Backend> make_cuda_with_env(const PluginRecord& r, const char* var, const char* value) {
+  ::setenv(var, value, 1);
+  std::shared_ptr<Backend> b;
+  try {
+    b = make_backend(r);
+  } catch (...) {
+    ::unsetenv(var);
+    throw;
+  }
+  ::unsetenv(var);
+  return b;
+}
+
+std::shared_ptr<Backend> cpu_reference() {
+  const PluginRecord* g = find_record("cpu_generic");
+  REQUIRE(g != nullptr);
+  REQUIRE(g->usable);
+  return make_backend(*g);
+}
+
+fs::path fixtures_root() {
+  if (const char* env = std::getenv("STRATA_FIXTURES_DIR")) return fs::path(env);
+  return fixtures_dir();
+}
+
+std::vector<fs::path> fixtures() {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(fixtures_root())) {
+    if (fs::exists(e.path() / "expected.safetensors") && fs::exists(e.path() / "config.json")) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---- random weights (as test_conformance makes them) ----
+
+struct HostMatrix {
+  WeightFormat format;
+  int64_t rows, cols;
+  std::vector<std::byte> bytes;
+  std::vector<float> scales;
+  Matrix view() const { return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()}; }
+};
+
+bool is_q4(WeightFormat f) { return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64; }
+
+uint16_t to_bf16(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t rows, int64_t cols, float sd = 0.5f) {
+  std::normal_distribution<float> d(0.0f, sd);
+  HostMatrix m{fmt, rows, cols, {}, {}};
+  const size_t n = static_cast<size_t>(rows * cols);
+  if (is_q4(fmt)) {
+    std::vector<float> f(n);
+    for (auto& v : f) v = d(rng);
+    const QuantizedMatrix q = quantize_q4(f, rows, cols, fmt);
+    m.bytes.resize(q.packed.size());
+    std::memcpy(m.bytes.data(), q.packed.data(), q.packed.size());
+    m.scales = q.scales;
+  } else if (fmt == WeightFormat::F32) {
+    m.bytes.resize(n * 4);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = d(rng);
+      std::memcpy(m.bytes.data() + 4 * i, &v, 4);
+    }
+  } else {
+    m.bytes.resize(n * 2);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = d(rng);
+      const uint16_t h = fmt == WeightFormat::BF16 ? to_bf16(v) : std::bit_cast<uint16_t>(static_cast<_Float16>(v));
+      std::memcpy(m.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  return m;
+}
+
+std::vector<float> random_vec(std::mt19937& rng, size_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::Q4_ROW,
+                                 WeightFormat::Q4_G64};
+
+// max |y - ref| / max |ref| (infinite when y has a NaN: unwritten outputs are poisoned with NaN).
+double rel_err(const float* y, const float* ref, size_t n) {
+  double max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(y[i])) return INFINITY;
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(y[i]) - ref[i]));
+  }
+  return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+// ‖y - ref‖₂ / ‖ref‖₂.
+double norm_err(const float* y, const float* ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(y[i])) return INFINITY;
+    const double d = static_cast<double>(y[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+constexpr double kExactTol = 1e-5;
+// W4A16: activations (x, then h) rounded to bf16 (relative error <= 2^-9 each); expected ~2e-3 normwise.
+constexpr double kW4A16NormTol = 1e-2;
+
+// A set of experts with routed rows, run on any backend.
+struct Group {
+  int64_t hidden = 0, ffn = 0, n_x = 0;
+  std::vector<float> x;
+  std::vector<HostMatrix> store;  // gate, up, down per expert
+  std::vector<ExpertMatrices> experts;
+  std::vector<std::vector<int32_t>> rows;
+
+  Group(std::mt19937& rng, int64_t h, int64_t f, int64_t nx, const std::vector<int>& row_counts,
+        const std::vector<std::pair<WeightFormat, WeightFormat>>& formats)  // (gate/up, down) per expert
+      : hidden(h), ffn(f), n_x(nx) {
+    x = random_vec(rng, static_cast<size_t>(nx * h));
+    const size_t n = row_counts.size();
+    store.reserve(3 * n);
+    for (size_t e = 0; e < n; ++e) {
+      store.push_back(random_matrix(rng, formats[e].first, f, h));
+      store.push_back(random_matrix(rng, formats[e].first, f, h));
+      store.push_back(random_matrix(rng, formats[e].second, h, f));
+    }
+    for (size_t e = 0; e < n; ++e) experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(nx - 1));
+    rows.resize(n);
+    for (size_t e = 0; e < n; ++e) {
+      for (int r = 0; r < row_counts[e]; ++r) rows[e].push_back(pick(rng));
+    }
+  }
+
+  std::vector<ExpertTask> tasks(std::vector<std::vector<float>>& out) const {
+    out.assign(experts.size(), {});
+    std::vector<ExpertTask> t;
+    for (size_t e = 0; e < experts.size(); ++e) {
+      out[e].assign(rows[e].size() * static_cast<size_t>(hidden), NAN);
+      t.push_back({&experts[e], rows[e], out[e].data()});
+    }
+    return t;
+  }
+
+  std::vector<std::vector<float>> run(const Backend& b) const {
+    std::vector<std::vector<float>> out;
+    const auto t = tasks(out);
+    b.expert_group(x.data(), n_x, hidden, t);
+    return out;
+  }
+};
+
+std::vector<std::pair<WeightFormat, WeightFormat>> same_format(WeightFormat f, size_t n) {
+  return std::vector<std::pair<WeightFormat, WeightFormat>>(n, {f, f});
+}
+
+}  // namespace
+
+TEST_CASE("cuda plugin: built, found, and usable or rejected with the reason") {
+  const PluginRecord* r = find_record("cuda");
+  if (r == nullptr) {
+    if (STRATA_CUDA_BUILT) FAIL("this build has STRATA_CUDA on, but libstrata_cuda.so is not in the plugin path");
+    MESSAGE("SKIPPED: this build has no CUDA plugin (STRATA_CUDA off)");
+    return;
+  }
+  if (!r->usable) {
+    MESSAGE("cuda plugin rejected: " << r->reason);
+    CHECK(r->reason.find("score 0:") != std::string::npos);
+    CHECK(r->reason.find("CUDA") != std::string::npos);
+    // The other plugins are unaffected.
+    CHECK(registry().find("cpu_generic") != nullptr);
+    return;
+  }
+  CHECK(r->score > 100);  // preferred over the CPU plugins when a GPU is there
+  auto b = make_backend(*r);
+  CHECK(b->name() == "cuda");
+  CHECK(b->has_device_memory());
+  CHECK(b->has_async());
+  for (WeightFormat f : kFormats) {
+    CHECK(b->supports_matmul(f));
+    CHECK(b->supports_expert_group(f));
+  }
+  CHECK(!b->supports_matmul(static_cast<WeightFormat>(17)));
+  // The probe can be forced off, and then the reason says so.
+  ::setenv("STRATA_CUDA_PROBE", "off", 1);
+  PluginRegistry off(plugin_search_path({}));
+  ::unsetenv("STRATA_CUDA_PROBE");
+  for (const auto& p : off.plugins()) {
+    if (p.name == "cuda") CHECK(p.reason.find("forced off") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda matmul equals cpu_generic within 1e-5 for every format and shape; rows are independent") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto ref = cpu_reference();
+  auto cuda = make_backend(*rec);
+  auto simt = make_cuda_with_env(*rec, "STRATA_CUDA_KERNELS", "simt");
+  std::mt19937 rng(4321);
+  struct Shape { int64_t o, i, s; };
+  for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
+                   Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}, Shape{200, 6144, 1}, Shape{70, 640, 9},
+                   Shape{1000, 96, 33}, Shape{17, 65, 8}}) {
+    for (WeightFormat f : kFormats) {
+      CAPTURE(sh.o); CAPTURE(sh.i); CAPTURE(sh.s); CAPTURE(weight_format_name(f));
+      const HostMatrix w = random_matrix(rng, f, sh.o, sh.i);
+      const auto x = random_vec(rng, static_cast<size_t>(sh.s * sh.i));
+      const size_t n = static_cast<size_t>(sh.s * sh.o);
+      std::vector<float> want(n), y(n, NAN), y2(n, NAN), yr(n, NAN), ys(n, NAN);
+      ref->matmul(w.view(), x.data(), sh.s, want.data());
+      cuda->matmul(w.view(), x.data(), sh.s, y.data());
+      CHECK(rel_err(y.data(), want.data(), n) <= kExactTol);
+      cuda->matmul(w.view(), x.data(), sh.s, y2.data());
+      CHECK(std::memcmp(y.data(), y2.data(), n * 4) == 0);  // deterministic
+      // Decode = prefill: each row alone gives the same bits as within the batch.
+      for (int64_t s = 0; s < sh.s; s += std::max<int64_t>(1, sh.s / 4)) {
+        std::vector<float> one(static_cast<size_t>(sh.o), NAN);
+        cuda->matmul(w.view(), x.data() + s * sh.i, 1, one.data());
+        CHECK(std::memcmp(one.data(), y.data() + s * sh.o, one.size() * 4) == 0);
+      }
+      // Resident weights (with and without the host copy attached) give the same bits as host weights.
+      ResidentMatrix r = cuda->upload(w.view());
+      cuda->matmul(r.matrix(), x.data(), sh.s, yr.data());
+      CHECK(std::memcmp(yr.data(), y.data(), n * 4) == 0);
+      Matrix bare = r.matrix();
+      bare.data = nullptr;
+      bare.scales = nullptr;
+      std::fill(yr.begin(), yr.end(), NAN);
+      cuda->matmul(bare, x.data(), sh.s, yr.data());
+      CHECK(std::memcmp(yr.data(), y.data(), n * 4) == 0);
+      // The SIMT kernels (the only path for float weights, a switchable one for int4) agree too.
+      simt->matmul(w.view(), x.data(), sh.s, ys.data());
+      CHECK(rel_err(ys.data(), want.data(), n) <= kExactTol);
+    }
+  }
+}
+
+TEST_CASE("cuda expert_group equals cpu_generic within 1e-5: every format, 0/1/4/64 rows, odd sizes") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto ref = cpu_reference();
+  auto cuda = make_backend(*rec);
+  auto simt = make_cuda_with_env(*rec, "STRATA_CUDA_KERNELS", "simt");
+  std::mt19937 rng(99);
+  const std::vector<int> counts = {0, 1, 4, 64, 3, 8, 9, 2};
+  for (WeightFormat f : kFormats) {
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}, {200, 129}, {256, 512},
+                               {64, 1}, {1, 16}}) {
+      CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
+      const Group grp(rng, hidden, ffn, 70, counts, same_format(f, counts.size()));
+      const auto want = grp.run(*ref);
+      const auto got = grp.run(*cuda);
+      const auto got_simt = grp.run(*simt);
+      for (size_t e = 0; e < counts.size(); ++e) {
+        CAPTURE(e);
+        CHECK(rel_err(got[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+        CHECK(rel_err(got_simt[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+      }
+      // Decode = prefill: every row of the 64-row expert alone, as its own task, gives the same bits.
+      const size_t big = 3;
+      std::vector<ExpertTask> singles;
+      std::vector<std::vector<float>> outs(grp.rows[big].size(), std::vector<float>(static_cast<size_t>(hidden), NAN));
+      for (size_t r = 0; r < grp.rows[big].size(); ++r) {
+        singles.push_back({&grp.experts[big], std::span<const int32_t>(&grp.rows[big][r], 1), outs[r].data()});
+      }
+      cuda->expert_group(grp.x.data(), grp.n_x, hidden, singles);
+      bool same = true;
+      for (size_t r = 0; r < outs.size(); ++r) {
+        same = same && std::memcmp(outs[r].data(), got[big].data() + r * hidden, static_cast<size_t>(hidden) * 4) == 0;
+      }
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE("cuda expert_group: mixed formats in one group and within one expert") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto ref = cpu_reference();
+  auto cuda = make_backend(*rec);
+  std::mt19937 rng(7);
+  const std::vector<std::pair<WeightFormat, WeightFormat>> formats = {
+      {WeightFormat::Q4_G64, WeightFormat::Q4_G64}, {WeightFormat::BF16, WeightFormat::BF16},
+      {WeightFormat::Q4_G64, WeightFormat::BF16},   {WeightFormat::BF16, WeightFormat::Q4_ROW},
+      {WeightFormat::F16, WeightFormat::Q4_G64},    {WeightFormat::Q4_ROW, WeightFormat::F32}};
+  const Group grp(rng, 192, 160, 40, {1, 5, 12, 3, 9, 40}, formats);
+  const auto want = grp.run(*ref);
+  const auto got = grp.run(*cuda);
+  for (size_t e = 0; e < formats.size(); ++e) {
+    CAPTURE(e);
+    CHECK(rel_err(got[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+  }
+}
+
+TEST_CASE("cuda W4A16 path (STRATA_CUDA_W4A16_MIN_ROWS): within its tolerance; smaller experts stay exact") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto ref = cpu_reference();
+  auto exact = make_backend(*rec);
+  auto w4 = make_cuda_with_env(*rec, "STRATA_CUDA_W4A16_MIN_ROWS", "16");
+  std::mt19937 rng(16);
+  for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{256, 128}, {130, 200}, {2048, 768}}) {
+      CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
+      const std::vector<int> counts = {4, 16, 33, 64, 15};
+      const Group grp(rng, hidden, ffn, 96, counts, same_format(f, counts.size()));
+      const auto want = grp.run(*ref);
+      const auto got = grp.run(*w4);
+      const auto got_exact = grp.run(*exact);
+      for (size_t e = 0; e < counts.size(); ++e) {
+        CAPTURE(counts[e]);
+        const double nerr = norm_err(got[e].data(), want[e].data(), want[e].size());
+        if (counts[e] >= 16) {
+          MESSAGE(weight_format_name(f) << " " << hidden << "x" << ffn << ", " << counts[e]
+                                        << " rows: W4A16 normwise error " << nerr);
+          CHECK(nerr <= kW4A16NormTol);
+          CHECK(nerr > 0);  // it really took the bf16 path
+        } else {
+          CHECK(got[e] == got_exact[e]);  // below the threshold: the exact kernels, bit for bit
+          CHECK(rel_err(got[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda device memory: upload, free, accounting, out of memory") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto cuda = make_backend(*rec);
+  std::mt19937 rng(3);
+  const MemoryInfo m0 = cuda->memory_info();
+  CHECK(m0.total > 0);
+  CHECK(m0.free <= m0.total);
+  CHECK(m0.used >= m0.resident);
+  // Device bytes of a resident copy: rows padded to 64 columns, then the scales at a 256-byte boundary.
+  auto expected = [](const HostMatrix& h) {
+    const uint64_t kp = static_cast<uint64_t>((h.cols + 63) / 64 * 64);
+    const uint64_t row = h.format == WeightFormat::F32 ? kp * 4 : is_q4(h.format) ? kp / 2 : kp * 2;
+    uint64_t bytes = static_cast<uint64_t>(h.rows) * row;
+    if (is_q4(h.format)) {
+      bytes = (bytes + 255) / 256 * 256;
+      bytes += 4 * static_cast<uint64_t>(h.format == WeightFormat::Q4_G64 ? h.rows * ((h.cols + 63) / 64) : h.rows);
+    }
+    return bytes;
+  };
+  std::vector<HostMatrix> hosts;
+  for (WeightFormat f : kFormats) hosts.push_back(random_matrix(rng, f, 37, 200));
+  std::vector<ResidentMatrix> res;
+  uint64_t want = 0;
+  for (const auto& h : hosts) {
+    res.push_back(cuda->upload(h.view()));
+    want += expected(h);
+  }
+  const MemoryInfo m1 = cuda->memory_info();
+  CHECK(m1.resident == m0.resident + want);
+  CHECK(m1.used >= m1.resident);
+  cuda->free(res[0]);
+  CHECK(!res[0]);
+  CHECK(cuda->memory_info().resident == m0.resident + want - expected(hosts[0]));
+  res.clear();  // the destructors free the rest
+  CHECK(cuda->memory_info().resident == m0.resident);
+
+  // A 256 MiB upload shows in the device's free memory.
+  {
+    HostMatrix big{WeightFormat::BF16, 8192, 16384, std::vector<std::byte>(size_t{8192} * 16384 * 2, std::byte{0x3c}), {}};
+    const MemoryInfo before = cuda->memory_info();
+    ResidentMatrix r = cuda->upload(big.view());
+    const MemoryInfo after = cuda->memory_info();
+    CHECK(after.resident == before.resident + 8192ull * 16384 * 2);
+    CHECK(before.free >= after.free + 200ull * 1024 * 1024);
+  }
+
+  // Out of device memory is a status, and the backend goes on working.
+  const strata_plugin_vtable* vt = rec->vtable;
+  strata_backend* raw = nullptr;
+  strata_backend_options opt{};
+  opt.struct_size = sizeof opt;
+  REQUIRE(vt->create(&opt, &raw) == STRATA_OK);
+  float dummy[4] = {};
+  strata_matrix huge{};
+  huge.dtype = STRATA_DTYPE_F32;
+  huge.rows = int64_t{1} << 20;
+  huge.cols = int64_t{1} << 18;  // 1 TiB: never fits, and the host data is never read
+  huge.data = dummy;
+  strata_resident* h = nullptr;
+  CHECK(vt->upload_matrix(raw, &huge, &h) == STRATA_ERR_OUT_OF_MEMORY);
+  CHECK(h == nullptr);
+  CHECK(std::string(vt->last_error()).find("out of memory") != std::string::npos);
+  // Handles that are not this backend's: errors, not crashes.
+  strata_resident* bogus = reinterpret_cast<strata_resident*>(dummy);
+  CHECK(vt->free_matrix(raw, bogus) == STRATA_ERR_INVALID_ARGUMENT);
+  CHECK(vt->expert_group_take(raw, reinterpret_cast<strata_group*>(dummy)) == STRATA_ERR_INVALID_ARGUMENT);
+  CHECK(vt->free_matrix(raw, nullptr) == STRATA_OK);
+  vt->destroy(raw);
+
+  // After all that, it still computes.
+  const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 64, 128);
+  const auto x = random_vec(rng, 128);
+  std::vector<float> y(64), want_y(64);
+  cuda->matmul(w.view(), x.data(), 1, y.data());
+  cpu_reference()->matmul(w.view(), x.data(), 1, want_y.data());
+  CHECK(rel_err(y.data(), want_y.data(), y.size()) <= kExactTol);
+}
+
+TEST_CASE("cuda resident matrices: another backend's copy is not used, a mismatched one is refused") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto a = make_backend(*rec);
+  auto b = make_backend(*rec);
+  std::mt19937 rng(11);
+  const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 48, 96);
+  const auto x = random_vec(rng, 2 * 96);
+  std::vector<float> ya(96, NAN), yb(96, NAN);
+  ResidentMatrix ra = a->upload(w.view());
+  a->matmul(ra.matrix(), x.data(), 2, ya.data());
+  b->matmul(ra.matrix(), x.data(), 2, yb.data());  // b computes from the host data
+  CHECK(ya == yb);
+  Matrix bare = ra.matrix();
+  bare.data = nullptr;
+  CHECK_THROWS_WITH_AS(b->matmul(bare, x.data(), 2, yb.data()), doctest::Contains("resident on another backend"), Error);
+  Matrix wrong = ra.matrix();
+  wrong.rows = 47;
+  CHECK_THROWS_WITH_AS(a->matmul(wrong, x.data(), 2, ya.data()), doctest::Contains("the resident copy is"), Error);
+  // The CPU reference ignores the device copy and reads the host data.
+  std::vector<float> yc(96);
+  cpu_reference()->matmul(ra.matrix(), x.data(), 2, yc.data());
+  CHECK(rel_err(ya.data(), yc.data(), yc.size()) <= kExactTol);
+}
+
+TEST_CASE("cuda issue/take: several groups in flight, out of order, from threads, on every device") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  auto cuda = make_backend(*rec);
+  std::mt19937 rng(21);
+  std::vector<Group> groups;
+  for (int k = 0; k < 4; ++k) {
+    const WeightFormat f = k % 2 == 0 ? WeightFormat::Q4_G64 : WeightFormat::BF16;
+    groups.emplace_back(rng, 256, 128, 12, std::vector<int>{1, 2, 0, 5, 12}, same_format(f, 5));
+  }
+  std::vector<std::vector<std::vector<float>>> want;
+  for (const auto& g : groups) want.push_back(g.run(*cuda));
+
+  // Resident weights for half of them.
+  std::vector<ResidentMatrix> keep;
+  std::vector<std::vector<ExpertMatrices>> resident_experts(groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) {
+    for (const auto& e : groups[k].experts) {
+      if (k % 2 == 1) {
+        resident_experts[k].push_back(e);
+        continue;
+      }
+      keep.push_back(cuda->upload(e.gate));
+      keep.push_back(cuda->upload(e.up));
+      keep.push_back(cuda->upload(e.down));
+      resident_experts[k].push_back({keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
+    }
+  }
+  std::vector<std::vector<std::vector<float>>> outs(groups.size());
+  std::vector<PendingGroup> pending;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const Group& g = groups[k];
+    outs[k].assign(g.experts.size(), {});
+    std::vector<ExpertTask> tasks;
+    for (size_t e = 0; e < g.experts.size(); ++e) {
+      outs[k][e].assign(g.rows[e].size() * static_cast<size_t>(g.hidden), NAN);
+      tasks.push_back({&resident_experts[k][e], g.rows[e], outs[k][e].data()});
+    }
+    pending.push_back(cuda->issue(g.x.data(), g.n_x, g.hidden, tasks));
+    for (const auto& o : outs[k]) CHECK(std::all_of(o.begin(), o.end(), [](float v) { return std::isnan(v); }));
+  }
+  for (size_t k = groups.size(); k-- > 0;) {  // taken in reverse order
+    pending[k].take();
+    CHECK(!pending[k]);
+    CHECK(outs[k] == want[k]);
+  }
+
+  // Dropped without take: waited for and discarded, outputs untouched, the backend fine.
+  {
+    std::vector<std::vector<float>> out;
+    const auto tasks = groups[0].tasks(out);
+    { PendingGroup dropped = cuda->issue(groups[0].x.data(), groups[0].n_x, groups[0].hidden, tasks); }
+    for (const auto& o : out) CHECK(std::all_of(o.begin(), o.end(), [](float v) { return std::isnan(v); }));
+    CHECK(groups[0].run(*cuda) == want[0]);
+  }
+  // A handle is consumed by take: a second take is an error.
+  {
+    std::vector<std::vector<float>> out;
+    const auto tasks = groups[1].tasks(out);
+    PendingGroup g = cuda->issue(groups[1].x.data(), groups[1].n_x, groups[1].hidden, tasks);
+    g.take();
+    CHECK_THROWS_AS(g.take(), Error);
+  }
+
+  // Several threads issuing and taking on one backend at once.
+  std::vector<std::thread> threads;
+  std::vector<int> ok(8, 0);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const size_t k = static_cast<size_t>(t) % groups.size();
+      bool good = true;
+      for (int rep = 0; rep < 5; ++rep) {
+        std::vector<std::vector<float>> out;
+        const auto tasks = groups[k].tasks(out);
+        PendingGroup g = cuda->issue(groups[k].x.data(), groups[k].n_x, groups[k].hidden, tasks);
+        g.take();
+        good = good && out == want[k];
+      }
+      ok[static_cast<size_t>(t)] = good ? 1 : 0;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(std::all_of(ok.begin(), ok.end(), [](int v) { return v == 1; }));
+
+  // Every device at once (one group in flight on each).
+  std::vector<std::shared_ptr<Backend>> devices;
+  for (int d = 0; d < 16; ++d) {
+    try {
+      devices.push_back(make_backend(*rec, d));
+    } catch (const Error&) {
+      break;
+    }
+  }
+  MESSAGE(devices.size() << " CUDA device(s)");
+  std::vector<std::vector<std::vector<float>>> dev_out(devices.size());
+  std::vector<PendingGroup> dev_pending;
+  for (size_t d = 0; d < devices.size(); ++d) {
+    const auto tasks = groups[0].tasks(dev_out[d]);
+    dev_pending.push_back(devices[d]->issue(groups[0].x.data(), groups[0].n_x, groups[0].hidden, tasks));
+  }
+  for (size_t d = 0; d < devices.size(); ++d) {
+    dev_pending[d].take();
+    CHECK(dev_out[d] == want[0]);
+  }
+}
+
+TEST_CASE("cuda failures are statuses: injected out-of-memory and device errors, bad arguments") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  const strata_plugin_vtable* vt = rec->vtable;
+  std::mt19937 rng(5);
+  const Group grp(rng, 128, 64, 6, {2, 3}, same_format(WeightFormat::Q4_G64, 2));
+  auto want = grp.run(*cpu_reference());
+  for (const char* what : {"oom", "device"}) {
+    CAPTURE(what);
+    ::setenv("STRATA_CUDA_FAIL_NEXT", what, 1);
+    strata_backend* raw = nullptr;
+    strata_backend_options opt{};
+    opt.struct_size = sizeof opt;
+    const strata_status made = vt->create(&opt, &raw);
+    ::unsetenv("STRATA_CUDA_FAIL_NEXT");
+    REQUIRE(made == STRATA_OK);
+    std::vector<strata_expert> ce;
+    for (const auto& e : grp.experts) {
+      auto c = [](const Matrix& m) {
+        strata_matrix s{};
+        s.dtype = static_cast<int32_t>(m.format);
+        s.rows = m.rows;
+        s.cols = m.cols;
+        s.data = m.data;
+        s.scales = m.scales;
+        return s;
+      };
+      ce.push_back({c(e.gate), c(e.up), c(e.down)});
+    }
+    std::vector<std::vector<float>> out(2);
+    std::vector<strata_expert_task> tasks(2);
+    for (size_t e = 0; e < 2; ++e) {
+      out[e].assign(grp.rows[e].size() * 128, NAN);
+      tasks[e].expert = &ce[e];
+      tasks[e].n_rows = static_cast<int32_t>(grp.rows[e].size());
+      tasks[e].rows = grp.rows[e].data();
+      tasks[e].out = out[e].data();
+    }
+    strata_group* g = nullptr;
+    const strata_status s = vt->expert_group_issue(raw, grp.x.data(), grp.n_x, 128, 2, tasks.data(), &g);
+    CHECK(s == (std::string(what) == "oom" ? STRATA_ERR_OUT_OF_MEMORY : STRATA_ERR_DEVICE));
+    CHECK(g == nullptr);
+    CHECK(std::string(vt->last_error()).find("injected") != std::string::npos);
+    // The next issue works.
+    REQUIRE(vt->expert_group_issue(raw, grp.x.data(), grp.n_x, 128, 2, tasks.data(), &g) == STRATA_OK);
+    REQUIRE(vt->expert_group_take(raw, g) == STRATA_OK);
+    for (size_t e = 0; e < 2; ++e) CHECK(rel_err(out[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+    vt->destroy(raw);
+  }
+  // Through the C++ face the failure is a strata::Error naming the status.
+  auto b = make_cuda_with_env(*rec, "STRATA_CUDA_FAIL_NEXT", "oom");
+  std::vector<std::vector<float>> out;
+  const auto tasks = grp.tasks(out);
+  CHECK_THROWS_WITH_AS(b->issue(grp.x.data(), grp.n_x, 128, tasks), doctest::Contains("status 3"), Error);
+
+  // Bad arguments, as the CPU backends report them.
+  auto cuda = make_backend(*rec);
+  const HostMatrix w = random_matrix(rng, WeightFormat::F32, 4, 8);
+  std::vector<float> x(16), y(8), o(16);
+  ExpertMatrices e{w.view(), w.view(), random_matrix(rng, WeightFormat::F32, 8, 4).view()};
+  std::vector<int32_t> rows = {0, 5};
+  ExpertTask t{&e, rows, o.data()};
+  CHECK_THROWS_WITH_AS(cuda->expert_group(x.data(), 2, 8, std::span(&t, 1)), doctest::Contains("row index 5 outside [0, 2)"),
+                       Error);
+  Matrix q = w.view();
+  q.format = WeightFormat::Q4_G64;
+  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()), doctest::Contains("int4 matrix without scales"), Error);
+  q.format = static_cast<WeightFormat>(17);
+  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()), doctest::Contains("is not supported by this backend"),
+                       Error);
+  ExpertMatrices bad{w.view(), w.view(), w.view()};
+  ExpertTask tb{&bad, std::span<const int32_t>(rows.data(), 1), o.data()};
+  CHECK_THROWS_WITH_AS(cuda->expert_group(x.data(), 2, 8, std::span(&tb, 1)),
+                       doctest::Contains("inconsistent gate/up/down shapes"), Error);
+  // A group with no rows at all completes and writes nothing.
+  std::fill(o.begin(), o.end(), NAN);
+  ExpertTask empty{&e, std::span<const int32_t>(), o.data()};
+  cuda->expert_group(x.data(), 2, 8, std::span(&empty, 1));
+  PendingGroup pg = cuda->issue(x.data(), 2, 8, std::span(&empty, 1));
+  pg.take();
+  CHECK(std::isnan(o[0]));
+}
+
+TEST_CASE("every model fixture with its experts on the GPU gives the oracle's greedy tokens") {
+  const PluginRecord* rec = cuda_or_skip();
+  if (rec == nullptr) return;
+  const auto dirs = fixtures();
+  REQUIRE(dirs.size() >= 4);
+  RuntimeConfig cfg;
+  cfg.backends.experts = {"cuda"};
+  for (const auto& dir : dirs) {
+    CAPTURE(dir.filename().string());
+    const Expected ex = load_expected(dir);
+    const bool q4 = nlohmann::json::parse(read_text(dir / "expected.json")).value("variant", "") == "q4g64";
+    for (bool quant : {false, true}) {
+      if (quant && !q4) continue;
+      CAPTURE(quant);
+      LoadOptions lo;
+      if (quant) lo.expert_quant = WeightFormat::Q4_G64;
+      auto backends = choose_backends(registry(), cfg);
+      const std::string dense = std::string(backends.dense->name());
+      auto model = Model::load(dir, std::move(backends), lo);
+      Session s(model);
+      const auto full = s.forward(ex.sequence, true);
+      float dev = 0;
+      for (size_t i = 0; i < full.size(); ++i) dev = std::max(dev, std::fabs(full[i] - ex.logits[i]));
+      MESSAGE(dir.filename().string() << (quant ? " (Q4_G64 experts)" : "") << ", experts on cuda, dense on " << dense
+                                      << ": max |logit - transformers| = " << dev);
+      CHECK(dev <= 1e-3f);
+      // Prefill vs one token at a time: bit for bit (the exact kernels do not depend on the batch).
+      Session s1(model);
+      std::vector<float> stepwise;
+      for (size_t t = 0; t < ex.sequence.size(); ++t) {
+        const auto part = s1.forward(std::span<const int32_t>(ex.sequence.data() + t, 1), true);
+        stepwise.insert(stepwise.end(), part.begin(), part.end());
+      }
+      CHECK(stepwise == full);
+      Session g(model);
+      const auto gen = generate_greedy(g, ex.prompt, static_cast<int64_t>(ex.sequence.size() - ex.prompt.size()));
+      CHECK(gen == std::vector<int32_t>(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()),
+                                        ex.sequence.end()));
+    }
+  }
+}
