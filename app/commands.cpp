@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <unistd.h>
 
 #include "strata/error.hpp"
 #include "strata/model.hpp"
@@ -31,7 +32,24 @@ Loaded load(const ModelOptions& o, bool with_assets) {
   l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
   LoadOptions lo;
   lo.expert_quant = parse_quant_name(o.quant);
+  // A bar redrawn in place on a terminal; nothing when stderr is a pipe or file (logs stay clean), except the
+  // closing summary line.
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (tty) {
+    lo.progress = [&](int64_t done, int64_t total) {
+      const int width = 30, filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
+      fmt::print(stderr, "\rloading {} [{}{}] {}/{} layers", fs::path(o.model).filename().string(), std::string(filled, '#'),
+                 std::string(width - filled, ' '), done, total);
+    };
+  }
   l.model = Model::load(o.model, choose_backends(*l.registry, l.config), lo);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (tty) {
+    const auto pc = l.model->param_counts();
+    fmt::print(stderr, "\rloaded {} ({}, {:.2f} B parameters) in {:.2f} s{:20}\n", o.model, family_name(l.model->spec().family),
+               static_cast<double>(pc.dense + pc.routed) / 1e9, sec, "");
+  }
   if (with_assets) l.assets = std::make_shared<ModelAssets>(ModelAssets::load(o.model, l.model->spec()));
   return l;
 }

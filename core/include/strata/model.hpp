@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -71,6 +72,8 @@ struct LoadOptions {
   // Quantize float routed experts at load (Q4_ROW or Q4_G64); nullopt keeps them as stored. Experts already
   // stored as int4 (U8 + `.qs`, a strata or colibri container) are used as they are.
   std::optional<WeightFormat> expert_quant;
+  // Called after each layer is bound (layers done, layers total), on the loading thread; may be empty.
+  std::function<void(int64_t, int64_t)> progress;
 };
 
 class Model {

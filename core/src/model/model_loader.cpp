@@ -287,7 +287,10 @@ class ModelLoader {
     }
     m_.final_norm_ = vector_f32("model.norm.weight", {s.hidden});
     m_.layers_.resize(static_cast<size_t>(s.n_layers));
-    for (int64_t l = 0; l < s.n_layers; ++l) load_layer(l);
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+      load_layer(l);
+      if (m_.options_.progress) m_.options_.progress(l + 1, s.n_layers);
+    }
     check_backends();
   }
 
