@@ -76,7 +76,8 @@ uint64_t device_data_bytes(int32_t dtype, int64_t rows, int64_t cols) {
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(device_row_bytes(dtype, cols));
 }
 uint64_t device_matrix_bytes(int32_t dtype, int64_t rows, int64_t cols) {
-  return align_up(device_data_bytes(dtype, rows, cols)) + static_cast<uint64_t>(scale_count(dtype, rows, cols)) * 4;
+  const uint64_t data = device_data_bytes(dtype, rows, cols);
+  return is_q4(dtype) ? align_up(data) + static_cast<uint64_t>(scale_count(dtype, rows, cols)) * 4 : data;
 }
 
 std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
@@ -732,13 +733,18 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   for (const Upload& u : p.uploads) {
     const strata_matrix& m = *u.src;
     const int64_t raw = host_row_bytes(m.dtype, m.cols), padded = device_row_bytes(m.dtype, m.cols);
-    if (raw != padded) {
+    if (raw == padded) {
+      STRATA_CK(cudaMemcpyAsync(base + u.data_off, m.data, static_cast<size_t>(raw * m.rows), cudaMemcpyHostToDevice,
+                                s.stream),
+                "copy of host weights");
+    } else {
       STRATA_CK(cudaMemsetAsync(base + u.data_off, 0, static_cast<size_t>(padded * m.rows), s.stream),
                 "clearing staged weights");
+      STRATA_CK(cudaMemcpy2DAsync(base + u.data_off, static_cast<size_t>(padded), m.data, static_cast<size_t>(raw),
+                                  static_cast<size_t>(raw), static_cast<size_t>(m.rows), cudaMemcpyHostToDevice,
+                                  s.stream),
+                "copy of host weights");
     }
-    STRATA_CK(cudaMemcpy2DAsync(base + u.data_off, static_cast<size_t>(padded), m.data, static_cast<size_t>(raw),
-                                static_cast<size_t>(raw), static_cast<size_t>(m.rows), cudaMemcpyHostToDevice, s.stream),
-              "copy of host weights");
     if (is_q4(m.dtype)) {
       STRATA_CK(cudaMemcpyAsync(base + u.scale_off, m.scales,
                                 static_cast<size_t>(scale_count(m.dtype, m.rows, m.cols)) * 4, cudaMemcpyHostToDevice,
@@ -938,11 +944,16 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   const int64_t raw = host_row_bytes(w.dtype, w.cols), padded = device_row_bytes(w.dtype, w.cols);
   try {
     // On the legacy stream, then waited for: the copy is complete (not only staged) when upload returns.
-    if (raw != padded) STRATA_CK(cudaMemsetAsync(base, 0, data_bytes, cudaStreamLegacy), "clearing a resident matrix");
-    STRATA_CK(cudaMemcpy2DAsync(base, static_cast<size_t>(padded), w.data, static_cast<size_t>(raw),
-                                static_cast<size_t>(raw), static_cast<size_t>(w.rows), cudaMemcpyHostToDevice,
-                                cudaStreamLegacy),
-              "copy of a resident matrix");
+    if (raw == padded) {
+      STRATA_CK(cudaMemcpyAsync(base, w.data, data_bytes, cudaMemcpyHostToDevice, cudaStreamLegacy),
+                "copy of a resident matrix");
+    } else {
+      STRATA_CK(cudaMemsetAsync(base, 0, data_bytes, cudaStreamLegacy), "clearing a resident matrix");
+      STRATA_CK(cudaMemcpy2DAsync(base, static_cast<size_t>(padded), w.data, static_cast<size_t>(raw),
+                                  static_cast<size_t>(raw), static_cast<size_t>(w.rows), cudaMemcpyHostToDevice,
+                                  cudaStreamLegacy),
+                "copy of a resident matrix");
+    }
     if (is_q4(w.dtype)) {
       STRATA_CK(cudaMemcpyAsync(base + align_up(data_bytes), w.scales,
                                 static_cast<size_t>(scale_count(w.dtype, w.rows, w.cols)) * 4, cudaMemcpyHostToDevice,

@@ -1,6 +1,7 @@
 // cuda: the CUDA backend plugin. This file is the C ABI: the vtable, the score (a host without a driver or a
 // device gets 0 and the reason, never a crash: the CUDA runtime is linked statically and loads the driver
 // library only when asked), and the shims that turn exceptions into a status and last_error.
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -8,6 +9,11 @@
 
 #include "cuda_backend.hpp"
 #include "strata/plugin_abi.h"
+
+// "cuda"; the CPU emulation build (tests) is "cuda_emu".
+#ifndef STRATA_CUDA_PLUGIN_NAME
+#define STRATA_CUDA_PLUGIN_NAME "cuda"
+#endif
 
 namespace {
 
@@ -137,7 +143,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
     strata_plugin_vtable v{};
     v.abi_version = STRATA_PLUGIN_ABI_VERSION;
     v.struct_size = sizeof(strata_plugin_vtable);
-    v.name = "cuda";
+    v.name = STRATA_CUDA_PLUGIN_NAME;
     v.version = STRATA_VERSION;
     v.description = "NVIDIA GPUs, sm_90+: int4 expert groups on tensor cores (f32-exact and W4A16), f32 SIMT for "
                     "float weights, device-resident weights, asynchronous groups";
@@ -160,7 +166,10 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
 }
 
 // 0 with the reason when no driver, no device or none of sm_90+ (STRATA_CUDA_PROBE=off forces that answer, for
-// tests); otherwise above the CPU plugins, so `auto` picks the GPU when there is one.
+// tests). Otherwise 50: above cpu_generic, below cpu_avx512. Until the core keeps weights resident on the device
+// (expert tiers), every call through this plugin copies its host weights over PCIe, which is slower than an
+// AVX-512 CPU reading them from RAM; so `auto` prefers it only over the portable plugin, and a config that wants
+// the GPU names it (backends.experts: [cuda]). Raise above 100 once weights are uploaded by the core.
 STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
   const char* force = std::getenv("STRATA_CUDA_PROBE");
   if (force != nullptr && std::strcmp(force, "off") == 0) {
@@ -177,7 +186,7 @@ STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
     last_error_text() = "CUDA probe failed";
     return 0;
   }
-  return 200;
+  return 50;
 }
 
 }  // extern "C"

@@ -1,7 +1,9 @@
 // Plugin registry: real plugins load and score; broken ones are rejected with a reason, never a crash.
+#include <algorithm>
 #include <cstdlib>
 
 #include "strata/error.hpp"
+#include "strata/plugin_abi.h"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -27,7 +29,10 @@ TEST_CASE("the build's plugins are found, versioned and scored") {
   REQUIRE(a != nullptr);
   if (a->usable) {
     CHECK(a->score > g->score);
-    CHECK(reg.ranked().front()->name == "cpu_avx512");
+    const auto ranked = reg.ranked();  // a usable GPU plugin may rank above both
+    const auto cpu = std::find_if(ranked.begin(), ranked.end(), [](auto* p) { return p->name.rfind("cpu_", 0) == 0; });
+    REQUIRE(cpu != ranked.end());
+    CHECK((*cpu)->name == "cpu_avx512");
   } else {
     CHECK(a->reason.find("AVX-512") != std::string::npos);
   }
@@ -66,8 +71,10 @@ TEST_CASE("the same plugin found twice: the first wins, the second is reported a
 
 TEST_CASE("the AVX-512 plugin scores 0 when its probe says no") {
   ::setenv("STRATA_CPU_AVX512_PROBE", "off", 1);
+  ::setenv("STRATA_CUDA_PROBE", "off", 1);  // and no GPU plugin either, on hosts that have one
   PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR)});
   ::unsetenv("STRATA_CPU_AVX512_PROBE");
+  ::unsetenv("STRATA_CUDA_PROBE");
   const PluginRecord* a = record(reg, "cpu_avx512");
   REQUIRE(a != nullptr);
   CHECK(!a->usable);
@@ -103,4 +110,22 @@ TEST_CASE("backend choice from the config") {
   CHECK_THROWS_WITH_AS(choose_backends(broken, cfg), doctest::Contains("no usable backend plugin"), Error);
   PluginRegistry mixed({fs::path(STRATA_TEST_PLUGIN_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR)});
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg), doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
+}
+
+TEST_CASE("the vtable size check: a plugin from before the device slots is refused; CPU plugins leave them NULL") {
+  PluginRegistry reg({fs::path(STRATA_TEST_OLD_PLUGIN_DIR)});
+  const PluginRecord* old = record(reg, "old_vtable");
+  REQUIRE(old != nullptr);
+  CHECK(!old->usable);
+  CHECK(old->reason.find("smaller than the " + std::to_string(STRATA_PLUGIN_VTABLE_MIN_SIZE)) != std::string::npos);
+  // The CPU plugins carry the whole vtable with the device slots empty.
+  const PluginRecord* g = record(build_registry(), "cpu_generic");
+  REQUIRE(g != nullptr);
+  CHECK(g->vtable->struct_size >= STRATA_PLUGIN_VTABLE_MIN_SIZE);
+  auto cpu = build_registry().create(*g, 1);
+  CHECK(!cpu->has_device_memory());
+  CHECK(!cpu->has_async());
+  Matrix m{WeightFormat::F32, 1, 1, nullptr, nullptr};
+  CHECK_THROWS_WITH_AS(cpu->upload(m), doctest::Contains("device memory is not offered"), Error);
+  CHECK_THROWS_WITH_AS(cpu->issue(nullptr, 0, 1, {}), doctest::Contains("not offered"), Error);
 }

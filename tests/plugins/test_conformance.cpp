@@ -87,9 +87,13 @@ double ref_dot(const HostMatrix& m, int64_t o, const float* x) {
   return s;
 }
 
+// The exact-mode (CPU) plugins: they share the canonical reduction order, so they must agree bit for bit. The
+// cuda plugin computes in another order and is checked within its tolerance by test_cuda.
 std::vector<std::string> plugins_under_test() {
   std::vector<std::string> names;
-  for (const auto* p : build_registry().ranked()) names.push_back(p->name);
+  for (const auto* p : build_registry().ranked()) {
+    if (p->name.rfind("cpu_", 0) == 0) names.push_back(p->name);
+  }
   return names;
 }
 

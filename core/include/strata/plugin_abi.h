@@ -10,8 +10,9 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of the structs or functions below. The registry rejects a plugin whose
- * vtable carries another abi_version, or whose struct_size is smaller than STRATA_PLUGIN_VTABLE_MIN_SIZE (new
- * optional slots are appended at the end, so an older plugin stays loadable with them read as NULL). */
+ * vtable carries another abi_version, or whose struct_size is smaller than STRATA_PLUGIN_VTABLE_MIN_SIZE. Slots
+ * appended after that size later are optional and read through STRATA_PLUGIN_HAS_SLOT, so plugins built against
+ * this header stay loadable. */
 #define STRATA_PLUGIN_ABI_VERSION 1u
 
 #if defined(_WIN32)
@@ -122,8 +123,7 @@ typedef struct strata_plugin_vtable {
   strata_status (*expert_group)(strata_backend* backend, const float* x, int64_t n_x_rows, int64_t hidden,
                                 int32_t n_tasks, const strata_expert_task* tasks);
 
-  /* ---- Optional slots (device backends). A plugin built against an older header ends its vtable before them:
-   * read them only through STRATA_PLUGIN_HAS_SLOT. CPU plugins leave them NULL. ---- */
+  /* ---- Device backends: optional slots (NULL in CPU plugins), read through STRATA_PLUGIN_HAS_SLOT. ---- */
 
   /* (optional) Copies w into the backend's device memory (in whatever layout its kernels want) and returns a
    * handle to put in strata_matrix.resident; w's host memory need not outlive the call. Out of device memory is
@@ -146,9 +146,11 @@ typedef struct strata_plugin_vtable {
   void (*expert_group_discard)(strata_backend* backend, strata_group* group);
 } strata_plugin_vtable;
 
-/* The required part of the vtable (ABI 1 as first written): the registry accepts any struct_size from here on;
- * slots past the plugin's struct_size count as NULL. */
-#define STRATA_PLUGIN_VTABLE_MIN_SIZE offsetof(strata_plugin_vtable, upload_matrix)
+/* The vtable size every plugin must have: through expert_group_discard (the revision of ABI 1 that also added
+ * strata_matrix.resident, so plugins built before it are refused). Slots appended later fall past this size and
+ * count as NULL in plugins that end before them. */
+#define STRATA_PLUGIN_VTABLE_MIN_SIZE \
+  (offsetof(strata_plugin_vtable, expert_group_discard) + sizeof(((strata_plugin_vtable*)0)->expert_group_discard))
 /* Nonzero when the vtable has the (optional) slot and sets it. */
 #define STRATA_PLUGIN_HAS_SLOT(vt, slot)                                                         \
   ((vt)->struct_size >= offsetof(strata_plugin_vtable, slot) + sizeof((vt)->slot) && (vt)->slot != NULL)

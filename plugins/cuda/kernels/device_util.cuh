@@ -1,15 +1,43 @@
 // Device helpers shared by the kernels: bf16 splitting of f32 values, the operand column order, silu, the
 // gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming loads, bf16x2 fma).
+//
+// With STRATA_CUDA_EMULATE the same kernel sources compile with g++ and run on the CPU (plugins/cuda/emu): warps
+// as 32 fibers, the warp-collective instructions (mma.sync, shuffles, __syncwarp) emulated from their PTX
+// definitions. The tests use that build to check the host side and the kernels' indexing on machines without a
+// GPU.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "work.hpp"
 
+#if defined(STRATA_CUDA_EMULATE)
+#include "emu/emu_device.hpp"
+#endif
+
 namespace strata_cuda {
+
+__device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+
+// Launches a kernel on the stream (or, emulated, runs it now). `collectives`: the kernel uses warp-collective
+// instructions (the emulation then runs each warp as fibers).
+template <class... P, class... A>
+cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool collectives,
+                          A... args) {
+#if defined(STRATA_CUDA_EMULATE)
+  (void)stream;
+  emu::run_grid(grid, block, collectives, [&] { kernel(args...); });
+  return cudaSuccess;
+#else
+  (void)collectives;
+  kernel<<<grid, block, 0, stream>>>(args...);
+  return cudaGetLastError();
+#endif
+}
 
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
@@ -49,26 +77,38 @@ __device__ __forceinline__ void store_h(const WorkItem& it, int r, int o, float 
 // of column g; c0,c1: row g columns 2q, 2q+1; c2,c3: row g+8; g = lane / 4, q = lane % 4).
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1, float c0, float c1, float c2, float c3) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mma_bf16_16816(d, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3);
+#else
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%11,%12,%13};\n"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c0), "f"(c1), "f"(c2), "f"(c3));
+#endif
 }
 
 // Nibbles s and s + 4 of the 32-bit word w (columns s and s + 4 of its 8) as a bf16x2 of (nibble - 8), low half
 // = column s: the nibbles go into the mantissa of 128.0 (bf16 0x4300), then one fma subtracts 136 exactly.
 __device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s) {
   const uint32_t v = ((w >> (4 * s)) & 0x000F000Fu) | 0x43004300u;
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::bf16x2_sub136(v);
+#else
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
   return d;
+#endif
 }
 
 // 8-byte load of streamed weights: read once, so kept out of L1 (the activations live there).
 __device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return __ldg(static_cast<const uint2*>(p));
+#else
   uint2 v;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
+#endif
 }
 
 __device__ __forceinline__ uint2 ld_cached_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }

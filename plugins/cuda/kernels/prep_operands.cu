@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
 
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, cudaStream_t stream) {
   if (n_jobs <= 0) return cudaSuccess;
-  prep_operands_kernel<<<dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)), 256, 0, stream>>>(jobs);
-  return cudaGetLastError();
+  return launch_kernel(&prep_operands_kernel, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)),
+                       dim3(256), stream, false, jobs);
 }
 
 }  // namespace strata_cuda

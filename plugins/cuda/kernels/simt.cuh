@@ -8,8 +8,6 @@
 // tree. So the value of a token never depends on the other tokens or on how they were chunked.
 #pragma once
 
-#include <cuda_fp16.h>
-
 #include "device_util.cuh"
 
 namespace strata_cuda {
@@ -140,15 +138,15 @@ cudaError_t launch_simt(int dtype, const WorkItem* items, int n_items, int grid_
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kSimtWarps * 32);
+  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
   switch (dtype) {
-    case kF32: simt_kernel<kF32, GATE_UP><<<grid, block, 0, stream>>>(items); break;
-    case kBF16: simt_kernel<kBF16, GATE_UP><<<grid, block, 0, stream>>>(items); break;
-    case kF16: simt_kernel<kF16, GATE_UP><<<grid, block, 0, stream>>>(items); break;
-    case kQ4Row: simt_kernel<kQ4Row, GATE_UP><<<grid, block, 0, stream>>>(items); break;
-    case kQ4G64: simt_kernel<kQ4G64, GATE_UP><<<grid, block, 0, stream>>>(items); break;
+    case kF32: return run(&simt_kernel<kF32, GATE_UP>);
+    case kBF16: return run(&simt_kernel<kBF16, GATE_UP>);
+    case kF16: return run(&simt_kernel<kF16, GATE_UP>);
+    case kQ4Row: return run(&simt_kernel<kQ4Row, GATE_UP>);
+    case kQ4G64: return run(&simt_kernel<kQ4G64, GATE_UP>);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace strata_cuda

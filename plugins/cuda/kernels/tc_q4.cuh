@@ -28,7 +28,7 @@ template <int FMT, int S, int NT, bool GATE_UP>
 __global__ void __launch_bounds__(kTcWarps * 32) tc_q4_kernel(const WorkItem* __restrict__ items) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   constexpr int NM = GATE_UP ? 2 : 1;  // weight matrices read per item
-  constexpr int U = GATE_UP ? 4 : 8;   // 64-column groups loaded ahead (registers: U * NM * 6)
+  constexpr int U = 4;                 // 64-column groups per load batch (registers: 2 * U * NM * 6)
   constexpr bool kGrouped = FMT == kQ4G64;
 
   const WorkItem& it = items[blockIdx.y];
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tc_q4_kernel(const WorkItem* __
   const int kp = it.w0.kp;
   const int n_groups = kp / kColPad;
   // Rows past the matrix read the last row (valid memory); their results are never stored.
-  const int rows[2] = {min(m0 + g, rows_out - 1), min(m0 + g + 8, rows_out - 1)};
+  const int rows[2] = {imin(m0 + g, rows_out - 1), imin(m0 + g + 8, rows_out - 1)};
 
   const uint8_t* wp[NM][2];
   const float* sp[NM][2];
@@ -65,9 +65,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) tc_q4_kernel(const WorkItem* __
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][t][i] = 0.0f;
 
-  for (int g0 = 0; g0 < n_groups; g0 += U) {
-    uint2 wv[U][NM][2];
-    float sv[U][NM][2];
+  // Weights of U groups are loaded ahead (two register buffers, software-pipelined): while one batch is turned
+  // into mma, the next one's loads are in flight.
+  auto load_batch = [&](uint2 (&wv)[U][NM][2], float (&sv)[U][NM][2], int g0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int gi = g0 + u;
@@ -85,10 +85,12 @@ __global__ void __launch_bounds__(kTcWarps * 32) tc_q4_kernel(const WorkItem* __
         }
       }
     }
+  };
+  auto compute_batch = [&](const uint2 (&wv)[U][NM][2], const float (&sv)[U][NM][2], int g0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int gi = g0 + u;
-      if (gi >= n_groups) break;  // warp-uniform
+      if (gi >= n_groups) return;  // warp-uniform
       float c[NM][NT][4];
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
@@ -132,6 +134,15 @@ __global__ void __launch_bounds__(kTcWarps * 32) tc_q4_kernel(const WorkItem* __
         }
       }
     }
+  };
+  uint2 wa[U][NM][2], wb[U][NM][2];
+  float sa[U][NM][2], sb[U][NM][2];
+  load_batch(wa, sa, 0);
+  for (int g0 = 0; g0 < n_groups; g0 += 2 * U) {
+    load_batch(wb, sb, g0 + U);
+    compute_batch(wa, sa, g0);
+    load_batch(wa, sa, g0 + 2 * U);
+    compute_batch(wb, sb, g0 + U);
   }
   if (!kGrouped) {
 #pragma unroll
@@ -187,22 +198,14 @@ cudaError_t launch_tc_q4(int splits, int nt, const WorkItem* items, int n_items,
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
-  if (splits == 3 && nt == 1) {
-    tc_q4_kernel<FMT, 3, 1, GATE_UP><<<grid, block, 0, stream>>>(items);
-  } else if (splits == 3 && nt == 2) {
-    tc_q4_kernel<FMT, 3, 2, GATE_UP><<<grid, block, 0, stream>>>(items);
-  } else if (splits == 3 && nt == 3) {
-    tc_q4_kernel<FMT, 3, 3, GATE_UP><<<grid, block, 0, stream>>>(items);
-  } else if (splits == 1 && nt == 1) {
-    tc_q4_kernel<FMT, 1, 1, GATE_UP><<<grid, block, 0, stream>>>(items);
-  } else if (splits == 1 && nt == 2) {
-    tc_q4_kernel<FMT, 1, 2, GATE_UP><<<grid, block, 0, stream>>>(items);
-  } else if (splits == 1 && nt == 4) {
-    tc_q4_kernel<FMT, 1, 4, GATE_UP><<<grid, block, 0, stream>>>(items);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
+  if (splits == 3 && nt == 1) return run(&tc_q4_kernel<FMT, 3, 1, GATE_UP>);
+  if (splits == 3 && nt == 2) return run(&tc_q4_kernel<FMT, 3, 2, GATE_UP>);
+  if (splits == 3 && nt == 3) return run(&tc_q4_kernel<FMT, 3, 3, GATE_UP>);
+  if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP>);
+  if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP>);
+  if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP>);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace strata_cuda

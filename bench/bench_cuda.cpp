@@ -1,0 +1,374 @@
+// CUDA expert kernels (the cuda plugin's backend, used directly): kernel time from device events, medians.
+//   1. the copy bandwidth of the device (the ceiling, read + write) and the 4.8 TB/s datasheet figure;
+//   2. GLM-5.2 routed-expert layer at decode: 8 experts of gate/up 2048x6144 + down 6144x2048, Q4_G64 (and
+//      Q4_ROW), 1-8 rows per expert, GB/s of weights read (cold: rotating over layers 10x the L2);
+//   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
+//   4. exact (f32-accurate, 3 bf16 parts) vs W4A16 tensor-core paths at 1..512 rows per expert: TFLOP/s, and
+//      where W4A16 starts to pay (the crossover);
+//   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead).
+#include <CLI/CLI.hpp>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "cuda_backend.hpp"
+
+using strata_cuda::CudaBackend;
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// A random int4 matrix (any nibbles; scales ~0.01): the bytes are what matters for bandwidth.
+struct HostQ4 {
+  int32_t dtype;
+  int64_t rows, cols;
+  std::vector<uint8_t> bytes;
+  std::vector<float> scales;
+};
+
+HostQ4 random_q4(int32_t dtype, int64_t rows, int64_t cols, uint64_t seed) {
+  HostQ4 m{dtype, rows, cols, std::vector<uint8_t>(static_cast<size_t>(rows * ((cols + 1) / 2))), {}};
+  uint64_t s = seed;
+  size_t i = 0;
+  for (; i + 8 <= m.bytes.size(); i += 8) {
+    const uint64_t v = splitmix(s);
+    std::memcpy(m.bytes.data() + i, &v, 8);
+  }
+  for (; i < m.bytes.size(); ++i) m.bytes[i] = static_cast<uint8_t>(splitmix(s));
+  const int64_t n_scales = dtype == STRATA_DTYPE_Q4_G64 ? rows * ((cols + 63) / 64) : rows;
+  m.scales.resize(static_cast<size_t>(n_scales));
+  for (auto& v : m.scales) v = 0.005f + 0.01f * static_cast<float>(splitmix(s) % 1000) / 1000.0f;
+  return m;
+}
+
+strata_matrix view(const HostQ4& m) {
+  strata_matrix c{};
+  c.dtype = m.dtype;
+  c.rows = m.rows;
+  c.cols = m.cols;
+  c.data = m.bytes.data();
+  c.scales = m.scales.data();
+  return c;
+}
+
+double q4_bytes(int32_t dtype, int64_t rows, int64_t cols) {
+  const double scales = dtype == STRATA_DTYPE_Q4_G64 ? static_cast<double>(rows * ((cols + 63) / 64)) : rows;
+  return static_cast<double>(rows) * static_cast<double>((cols + 1) / 2) + 4 * scales;
+}
+
+// Experts resident on the device.
+struct Pool {
+  std::vector<strata_resident*> res;
+  std::vector<strata_expert> experts;
+  double bytes_per_expert = 0;
+  CudaBackend* b = nullptr;
+  ~Pool() {
+    for (auto* r : res) {
+      try {
+        b->free(r);
+      } catch (...) {
+      }
+    }
+  }
+};
+
+void make_pool(Pool& p, CudaBackend& b, int32_t dtype, int n, int64_t hidden, int64_t ffn, uint64_t seed) {
+  p.b = &b;
+  p.experts.resize(static_cast<size_t>(n));
+  for (int e = 0; e < n; ++e) {
+    strata_matrix m[3];
+    const int64_t shapes[3][2] = {{ffn, hidden}, {ffn, hidden}, {hidden, ffn}};
+    for (int k = 0; k < 3; ++k) {
+      const HostQ4 h = random_q4(dtype, shapes[k][0], shapes[k][1], seed + static_cast<uint64_t>(3 * e + k));
+      strata_resident* r = b.upload(view(h));
+      p.res.push_back(r);
+      m[k] = strata_matrix{};
+      m[k].dtype = dtype;
+      m[k].rows = shapes[k][0];
+      m[k].cols = shapes[k][1];
+      m[k].resident = r;
+    }
+    p.experts[static_cast<size_t>(e)] = strata_expert{m[0], m[1], m[2]};
+  }
+  p.bytes_per_expert = 2 * q4_bytes(dtype, ffn, hidden) + q4_bytes(dtype, hidden, ffn);
+}
+
+// One group: per expert (index into the pool) its rows; outputs owned here.
+struct Group {
+  std::vector<std::vector<int32_t>> rows;
+  std::vector<int> expert;
+  std::vector<std::vector<float>> out;
+  std::vector<strata_expert_task> tasks;
+  int64_t total_rows = 0;
+  void finalize(const Pool& p, int64_t hidden) {
+    out.resize(rows.size());
+    tasks.clear();
+    total_rows = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      out[i].assign(rows[i].size() * static_cast<size_t>(hidden), 0.0f);
+      strata_expert_task t{};
+      t.expert = &p.experts[static_cast<size_t>(expert[i])];
+      t.n_rows = static_cast<int32_t>(rows[i].size());
+      t.rows = rows[i].data();
+      t.out = out[i].data();
+      tasks.push_back(t);
+      total_rows += t.n_rows;
+    }
+  }
+};
+
+// Median kernel ms over `rounds` passes through the groups (each timed once per pass, after a warm-up pass).
+double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<float>& x, int64_t n_x, int64_t hidden,
+                   int rounds) {
+  std::vector<double> ms;
+  for (int r = 0; r <= rounds; ++r) {
+    for (auto& g : gs) {
+      const auto t = b.time_expert_group(x.data(), n_x, hidden, static_cast<int32_t>(g.tasks.size()), g.tasks.data(), 1);
+      if (r > 0) ms.push_back(t.at(0));
+    }
+  }
+  return median(ms);
+}
+
+double copy_bandwidth_gbs(int device, size_t bytes) {
+  void *a = nullptr, *c = nullptr;
+  cudaSetDevice(device);
+  if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&c, bytes) != cudaSuccess) return 0;
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> t;
+  for (int i = 0; i < 8; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpy(c, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (i > 0) t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(c);
+  return 2.0 * static_cast<double>(bytes) / (median(t) * 1e-3) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_cuda: the cuda plugin's expert kernels, kernel time by device events (medians)"};
+  int device = 0, rounds = 5;
+  bool quick = false, smoke = false;
+  app.add_option("--device", device);
+  app.add_option("--rounds", rounds, "timed passes over each suite's groups");
+  app.add_flag("--quick", quick, "fewer shapes");
+  app.add_flag("--smoke", smoke, "tiny shapes, one round: checks that the program runs (e.g. on the CPU emulation)");
+  CLI11_PARSE(app, argc, argv);
+
+  const std::string why = strata_cuda::cuda_unavailable_reason();
+  if (!why.empty()) {
+    fmt::print("bench_cuda: {}\n", why);
+    return 1;
+  }
+  try {
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, device);
+    const double peak = 4800;  // GB/s, H200 datasheet
+    const double copy = copy_bandwidth_gbs(device, smoke ? size_t{1} << 20 : size_t{2} << 30);
+    fmt::print("device {}: {} (sm_{}{}), {} SMs, {:.1f} GiB, L2 {:.0f} MiB\n", device, prop.name, prop.major, prop.minor,
+               prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
+               prop.l2CacheSize / 1048576.0);
+    fmt::print("device-to-device copy: {:.0f} GB/s (read + write); datasheet peak used below: {:.0f} GB/s\n", copy,
+               peak);
+    CudaBackend b(device);
+    std::mt19937 rng(11);
+
+    // ---- 2. GLM-5.2 layer at decode ----
+    if (smoke) {
+      quick = true;
+      rounds = 1;
+    }
+    const int64_t H = smoke ? 256 : 6144, F = smoke ? 128 : 2048;
+    const int layers = smoke ? 2 : 8;  // 8 x 151 MB: the L2 holds a small part of it
+    for (int32_t dtype : {STRATA_DTYPE_Q4_G64, STRATA_DTYPE_Q4_ROW}) {
+      if (quick && dtype == STRATA_DTYPE_Q4_ROW) continue;
+      Pool pool;
+      make_pool(pool, b, dtype, 8 * layers, H, F, 1000);
+      fmt::print("\nGLM-5.2 layer, {}: 8 experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} layers\n",
+                 dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", F, H, H, F, pool.bytes_per_expert / 1e6, layers);
+      fmt::print("{:<26} {:>5} {:>10} {:>9} {:>10} {:>10}\n", "kernels", "rows", "median us", "GB/s", "% of 4.8TB",
+                 "% of copy");  // copy: the device-to-device copy's read + write rate
+      for (bool simt : {false, true}) {
+        b.settings().force_simt = simt;
+        for (int rows : {1, 2, 3, 4, 8}) {
+          if (simt && rows > 4) continue;
+          std::vector<float> x(static_cast<size_t>(rows * H));
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          for (auto& v : x) v = nd(rng);
+          std::vector<Group> gs(static_cast<size_t>(layers));
+          for (int l = 0; l < layers; ++l) {
+            for (int e = 0; e < 8; ++e) {
+              gs[static_cast<size_t>(l)].expert.push_back(l * 8 + e);
+              std::vector<int32_t> r(static_cast<size_t>(rows));
+              for (int i = 0; i < rows; ++i) r[static_cast<size_t>(i)] = i;
+              gs[static_cast<size_t>(l)].rows.push_back(r);
+            }
+            gs[static_cast<size_t>(l)].finalize(pool, H);
+          }
+          const double ms = time_groups(b, gs, x, rows, H, rounds);
+          const double gbs = 8 * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
+          fmt::print("{:<26} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}%\n",
+                     simt ? "SIMT f32" : "tensor cores, exact", rows, ms * 1e3, gbs, 100 * gbs / peak,
+                     copy > 0 ? 100 * gbs / copy : 0.0);
+        }
+      }
+      b.settings().force_simt = false;
+    }
+
+    // ---- 3. projection shape: 128 experts of 768 x 2048, top-8 of n tokens ----
+    {
+      const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;
+      const int n_exp = smoke ? 16 : 128;
+      Pool pool;
+      make_pool(pool, b, STRATA_DTYPE_Q4_G64, n_exp, h, f, 5000);
+      fmt::print("\nprojection shape, Q4_G64: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), top-8 at random\n",
+                 n_exp, f, h, h, f, pool.bytes_per_expert / 1e6);
+      fmt::print("{:<22} {:>5} {:>5} {:>10} {:>9} {:>10} {:>9}\n", "path", "n", "used", "median us", "GB/s", "% of 4.8TB",
+                 "TFLOP/s");
+      for (int w4 : {0, 16}) {
+        b.settings().w4a16_min_rows = w4;
+        for (int n : {1, 4, 32, 512}) {
+          if (w4 != 0 && n < 32) continue;
+          if (smoke && n > 32) continue;
+          std::vector<float> x(static_cast<size_t>(n * h));
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          for (auto& v : x) v = nd(rng);
+          std::vector<Group> gs(8);  // 8 different routings
+          int used = 0;
+          int64_t rows_total = 0;
+          for (auto& g : gs) {
+            std::vector<std::vector<int32_t>> per(static_cast<size_t>(n_exp));
+            std::uniform_int_distribution<int> pick(0, n_exp - 1);
+            for (int t = 0; t < n; ++t) {
+              std::set<int> chosen;
+              while (chosen.size() < 8) chosen.insert(pick(rng));
+              for (int e : chosen) per[static_cast<size_t>(e)].push_back(t);
+            }
+            for (int e = 0; e < n_exp; ++e) {
+              if (per[static_cast<size_t>(e)].empty()) continue;
+              g.expert.push_back(e);
+              g.rows.push_back(per[static_cast<size_t>(e)]);
+            }
+            g.finalize(pool, h);
+            used = static_cast<int>(g.rows.size());
+            rows_total = g.total_rows;
+          }
+          const double ms = time_groups(b, gs, x, n, h, rounds);
+          const double gbs = used * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
+          const double tflops = 2.0 * 3 * static_cast<double>(f * h) * static_cast<double>(rows_total) / (ms * 1e-3) / 1e12;
+          fmt::print("{:<22} {:>5} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.2f}\n",
+                     w4 ? "W4A16 (>=16 rows)" : "exact", n, used, ms * 1e3, gbs, 100 * gbs / peak, tflops);
+        }
+      }
+      b.settings().w4a16_min_rows = 0;
+    }
+
+    // ---- 4. exact vs W4A16 at 1..512 rows per expert, GLM-5.2 layer (one layer, warm after the first pass) ----
+    {
+      Pool pool;
+      make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8, H, F, 9000);
+      const double floor_ms = 8 * pool.bytes_per_expert / (peak * 1e9) * 1e3;
+      fmt::print("\nexact vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; memory floor {:.1f} us\n",
+                 floor_ms * 1e3);
+      fmt::print("{:>5} {:>12} {:>9} {:>12} {:>9} {:>8}\n", "R", "exact us", "TFLOP/s", "W4A16 us", "TFLOP/s",
+                 "speedup");
+      int crossover = 0;
+      const std::vector<int> rs = smoke ? std::vector<int>{1, 16, 40}
+                                  : quick ? std::vector<int>{1, 4, 16, 64, 256}
+                                        : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+      for (int R : rs) {
+        std::vector<float> x(static_cast<size_t>(R * H));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (auto& v : x) v = nd(rng);
+        std::vector<Group> gs(1);
+        for (int e = 0; e < 8; ++e) {
+          gs[0].expert.push_back(e);
+          std::vector<int32_t> r(static_cast<size_t>(R));
+          for (int i = 0; i < R; ++i) r[static_cast<size_t>(i)] = i;
+          gs[0].rows.push_back(r);
+        }
+        gs[0].finalize(pool, H);
+        const double flop = 2.0 * 3 * static_cast<double>(F * H) * 8 * R;
+        b.settings().w4a16_min_rows = 0;
+        const double ms_exact = time_groups(b, gs, x, R, H, rounds);
+        b.settings().w4a16_min_rows = 1;
+        const double ms_w4 = time_groups(b, gs, x, R, H, rounds);
+        b.settings().w4a16_min_rows = 0;
+        if (crossover == 0 && ms_w4 < 0.95 * ms_exact) crossover = R;
+        fmt::print("{:>5} {:>12.1f} {:>9.2f} {:>12.1f} {:>9.2f} {:>7.2f}x\n", R, ms_exact * 1e3,
+                   flop / (ms_exact * 1e-3) / 1e12, ms_w4 * 1e3, flop / (ms_w4 * 1e-3) / 1e12, ms_exact / ms_w4);
+      }
+      if (crossover > 0) {
+        fmt::print("W4A16 is >5% faster than the exact path from {} rows per expert (STRATA_CUDA_W4A16_MIN_ROWS)\n",
+                   crossover);
+      } else {
+        fmt::print("W4A16 is never >5% faster here\n");
+      }
+    }
+
+    // ---- 5. issue -> take latency ----
+    {
+      const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;
+      const int iters = smoke ? 12 : 220;
+      Pool pool;
+      make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8, h, f, 12000);
+      std::vector<float> x(static_cast<size_t>(h), 0.5f);
+      Group g;
+      for (int e = 0; e < 8; ++e) {
+        g.expert.push_back(e);
+        g.rows.push_back({0});
+      }
+      g.finalize(pool, h);
+      auto wall_us = [&](int32_t n_tasks) {
+        std::vector<double> t;
+        for (int i = 0; i < iters; ++i) {
+          const auto a = std::chrono::steady_clock::now();
+          strata_group* handle = b.issue(x.data(), 1, h, n_tasks, g.tasks.data());
+          b.take(handle);
+          if (i >= iters / 10) {
+            t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+          }
+        }
+        return median(t);
+      };
+      const double full = wall_us(8), empty = wall_us(0);
+      const auto k = b.time_expert_group(x.data(), 1, h, 8, g.tasks.data(), iters / 4);
+      std::vector<double> kd(k.begin() + 1, k.end());
+      fmt::print("\nissue -> take, 8 experts of {}x{} Q4_G64 x 1 row (resident): {:.1f} us wall (kernels {:.1f} us); "
+                 "empty group: {:.1f} us\n", f, h, full, median(kd) * 1e3, empty);
+    }
+  } catch (const strata_cuda::Failure& e) {
+    fmt::print("bench_cuda failed: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,483 @@
+// A CPU stand-in for the CUDA runtime and device (STRATA_CUDA_EMULATE builds): the plugin's host code and
+// kernels, compiled with g++, run here unchanged, so tests on machines without a GPU check the planning,
+// staging, async bookkeeping, error paths and the kernels' indexing and arithmetic. Not a model of timing or of
+// the memory system: every stream operation runs at once, in order.
+//
+// Kernels: a warp is 32 fibers on one OS thread (a small x86-64 context switch below); each runs until its next
+// warp-collective instruction, and when all 32 wait at the same one it is carried out from every lane's
+// operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). Device memory is host memory; a fake capacity
+// (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable; STRATA_CUDA_EMU_DEVICES devices (2).
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "emu_device.hpp"
+
+#if !defined(__x86_64__)
+#error "the CUDA emulation's fibers are written for x86-64"
+#endif
+
+// switch(save, load): saves the callee-saved registers and the FP control words on this stack, stores the stack
+// pointer in *save, continues on `load` (a stack saved the same way, or a fresh fiber frame).
+asm(R"(
+  .text
+  .globl strata_emu_switch
+  .hidden strata_emu_switch
+  .type strata_emu_switch, @function
+strata_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  stmxcsr (%rsp)
+  fnstcw 8(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 8(%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size strata_emu_switch, .-strata_emu_switch
+
+  .globl strata_emu_trampoline
+  .hidden strata_emu_trampoline
+  .type strata_emu_trampoline, @function
+strata_emu_trampoline:
+  movq %r12, %rdi
+  call strata_emu_fiber_entry@PLT
+  ud2
+  .size strata_emu_trampoline, .-strata_emu_trampoline
+)");
+
+extern "C" {
+void strata_emu_switch(void** save, void* load);
+void strata_emu_trampoline();
+__attribute__((visibility("hidden"))) void strata_emu_fiber_entry(void* fiber);
+}
+
+namespace strata_cuda::emu {
+namespace {
+
+constexpr size_t kStack = 256 * 1024;
+
+enum Op { kNone, kSync, kShfl, kMma };
+
+struct Warp;
+
+struct Fiber {
+  void* sp = nullptr;
+  bool done = false;
+  Warp* warp = nullptr;
+  std::unique_ptr<char[]> stack;
+};
+
+struct Warp {
+  void* sched_sp = nullptr;
+  Fiber fibers[32];
+  const std::function<void()>* body = nullptr;
+  int base_thread = 0;
+  Op op[32];
+  float shfl_in[32], shfl_out[32];
+  int shfl_mask[32];
+  uint32_t a[32][4], b[32][2];
+  float c[32][4], d[32][4];
+};
+
+thread_local Coords tls_coords;
+thread_local Warp* tls_warp = nullptr;
+thread_local int tls_lane = 0;
+
+void yield_to_scheduler() {
+  Fiber& f = tls_warp->fibers[tls_lane];
+  strata_emu_switch(&f.sp, tls_warp->sched_sp);
+}
+
+float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
+float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+
+void do_mma(Warp& w) {
+  double A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, q = l % 4;
+    A[g][2 * q] = bf16_lo(w.a[l][0]);
+    A[g][2 * q + 1] = bf16_hi(w.a[l][0]);
+    A[g + 8][2 * q] = bf16_lo(w.a[l][1]);
+    A[g + 8][2 * q + 1] = bf16_hi(w.a[l][1]);
+    A[g][2 * q + 8] = bf16_lo(w.a[l][2]);
+    A[g][2 * q + 9] = bf16_hi(w.a[l][2]);
+    A[g + 8][2 * q + 8] = bf16_lo(w.a[l][3]);
+    A[g + 8][2 * q + 9] = bf16_hi(w.a[l][3]);
+    B[2 * q][g] = bf16_lo(w.b[l][0]);
+    B[2 * q + 1][g] = bf16_hi(w.b[l][0]);
+    B[2 * q + 8][g] = bf16_lo(w.b[l][1]);
+    B[2 * q + 9][g] = bf16_hi(w.b[l][1]);
+    C[g][2 * q] = w.c[l][0];
+    C[g][2 * q + 1] = w.c[l][1];
+    C[g + 8][2 * q] = w.c[l][2];
+    C[g + 8][2 * q + 1] = w.c[l][3];
+  }
+  float D[16][8];
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      double s = C[m][n];
+      for (int k = 0; k < 16; ++k) s += A[m][k] * B[k][n];
+      D[m][n] = static_cast<float>(s);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, q = l % 4;
+    w.d[l][0] = D[g][2 * q];
+    w.d[l][1] = D[g][2 * q + 1];
+    w.d[l][2] = D[g + 8][2 * q];
+    w.d[l][3] = D[g + 8][2 * q + 1];
+  }
+}
+
+// Each thread keeps its 32 fiber stacks.
+std::vector<std::unique_ptr<char[]>>& stack_pool() {
+  thread_local std::vector<std::unique_ptr<char[]>> pool;
+  return pool;
+}
+
+void run_warp(Warp& w) {
+  auto& pool = stack_pool();
+  while (pool.size() < 32) pool.push_back(std::make_unique<char[]>(kStack));
+  for (int l = 0; l < 32; ++l) {
+    Fiber& f = w.fibers[l];
+    f.done = false;
+    f.warp = &w;
+    // A fresh frame for strata_emu_switch to "return" into the trampoline, with r12 = the fiber.
+    const uintptr_t top = (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(l)].get()) + kStack) & ~uintptr_t{15};
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top - 88);
+    std::memset(sp, 0, 88);
+    const uint32_t mxcsr = 0x1f80;
+    const uint16_t fpcw = 0x037f;
+    std::memcpy(reinterpret_cast<char*>(sp), &mxcsr, 4);
+    std::memcpy(reinterpret_cast<char*>(sp) + 8, &fpcw, 2);
+    sp[5] = reinterpret_cast<uint64_t>(&f);                     // r12
+    sp[8] = reinterpret_cast<uint64_t>(&strata_emu_trampoline);  // return address
+    f.sp = sp;
+  }
+  Warp* saved_warp = tls_warp;
+  tls_warp = &w;
+  for (;;) {
+    int done = 0;
+    for (int l = 0; l < 32; ++l) {
+      if (w.fibers[l].done) {
+        ++done;
+        continue;
+      }
+      w.op[l] = kNone;
+      tls_lane = l;
+      tls_coords.thread_idx = make_uint3(static_cast<unsigned>(w.base_thread + l), 0, 0);
+      strata_emu_switch(&w.sched_sp, w.fibers[l].sp);
+      if (w.fibers[l].done) ++done;
+    }
+    if (done == 32) break;
+    if (done != 0) die("warp divergence: some lanes finished while others wait at a collective");
+    const Op op = w.op[0];
+    for (int l = 1; l < 32; ++l) {
+      if (w.op[l] != op) die("warp divergence: lanes wait at different collectives");
+    }
+    if (op == kShfl) {
+      for (int l = 0; l < 32; ++l) w.shfl_out[l] = w.shfl_in[l ^ (w.shfl_mask[l] & 31)];
+    } else if (op == kMma) {
+      do_mma(w);
+    } else if (op != kSync) {
+      die("fiber yielded without a collective");
+    }
+  }
+  tls_warp = saved_warp;
+}
+
+}  // namespace
+
+void die(const char* what) {
+  std::fprintf(stderr, "strata CUDA emulation: %s\n", what);
+  std::abort();
+}
+
+Coords& coords() { return tls_coords; }
+
+void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body) {
+  const unsigned threads = block.x * block.y * block.z;
+  if (block.y != 1 || block.z != 1 || grid.z != 1) die("only 1-D blocks and 2-D grids are emulated");
+  if (collectives && threads % 32 != 0) die("blocks of whole warps only");
+  tls_coords.block_dim = block;
+  tls_coords.grid_dim = grid;
+  for (unsigned by = 0; by < grid.y; ++by) {
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      tls_coords.block_idx = make_uint3(bx, by, 0);
+      if (!collectives) {
+        for (unsigned t = 0; t < threads; ++t) {
+          tls_coords.thread_idx = make_uint3(t, 0, 0);
+          body();
+        }
+        continue;
+      }
+      for (unsigned wi = 0; wi < threads / 32; ++wi) {
+        auto w = std::make_unique<Warp>();
+        w->body = &body;
+        w->base_thread = static_cast<int>(wi * 32);
+        run_warp(*w);
+      }
+    }
+  }
+}
+
+void syncwarp() {
+  if (tls_warp == nullptr) die("__syncwarp outside a warp");
+  tls_warp->op[tls_lane] = kSync;
+  yield_to_scheduler();
+}
+
+float shfl_xor(float v, int lane_mask) {
+  if (tls_warp == nullptr) die("shuffle outside a warp");
+  Warp& w = *tls_warp;
+  const int l = tls_lane;
+  w.shfl_in[l] = v;
+  w.shfl_mask[l] = lane_mask;
+  w.op[l] = kShfl;
+  yield_to_scheduler();
+  return tls_warp->shfl_out[tls_lane];
+}
+
+void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                    float c0, float c1, float c2, float c3) {
+  if (tls_warp == nullptr) die("mma outside a warp");
+  Warp& w = *tls_warp;
+  const int l = tls_lane;
+  w.a[l][0] = a0;
+  w.a[l][1] = a1;
+  w.a[l][2] = a2;
+  w.a[l][3] = a3;
+  w.b[l][0] = b0;
+  w.b[l][1] = b1;
+  w.c[l][0] = c0;
+  w.c[l][1] = c1;
+  w.c[l][2] = c2;
+  w.c[l][3] = c3;
+  w.op[l] = kMma;
+  yield_to_scheduler();
+  for (int i = 0; i < 4; ++i) d[i] = tls_warp->d[tls_lane][i];
+}
+
+uint32_t bf16x2_sub136(uint32_t v) {
+  auto one = [](uint32_t h) -> uint32_t {
+    const float f = __uint_as_float(h << 16) - 136.0f;  // exact for the nibble values
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0xffffu) != 0) die("bf16x2_sub136: inexact");
+    return u >> 16;
+  };
+  return one(v & 0xffffu) | (one(v >> 16) << 16);
+}
+
+}  // namespace strata_cuda::emu
+
+extern "C" void strata_emu_fiber_entry(void* p) {
+  auto* f = static_cast<strata_cuda::emu::Fiber*>(p);
+  (*f->warp->body)();
+  f->done = true;
+  strata_emu_switch(&f->sp, f->warp->sched_sp);
+  strata_cuda::emu::die("a finished fiber was resumed");
+}
+
+// ---- the runtime API subset the plugin uses ------------------------------------------------------------------
+
+namespace {
+
+struct Runtime {
+  std::mutex mu;
+  std::map<const void*, size_t> device_allocs;
+  size_t device_bytes = 0;
+  size_t capacity = 0;
+  int devices = 2;
+  Runtime() {
+    double gb = 16;
+    if (const char* v = std::getenv("STRATA_CUDA_EMU_MEM_GB")) gb = std::atof(v);
+    capacity = static_cast<size_t>(gb * 1024 * 1024 * 1024);
+    if (const char* v = std::getenv("STRATA_CUDA_EMU_DEVICES")) devices = std::atoi(v);
+  }
+};
+
+Runtime& rt() {
+  static Runtime r;
+  return r;
+}
+
+thread_local int tls_device = 0;
+thread_local cudaError_t tls_last = cudaSuccess;
+
+cudaError_t fail(cudaError_t e) {
+  tls_last = e;
+  return e;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = rt().devices;
+  return rt().devices > 0 ? cudaSuccess : fail(cudaErrorNoDevice);
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = tls_last;
+  tls_last = cudaSuccess;
+  return e;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "unknown error";
+  }
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
+  if (attr == cudaDevAttrComputeCapabilityMajor) *value = 9;
+  else if (attr == cudaDevAttrComputeCapabilityMinor) *value = 0;
+  else *value = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
+  tls_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t bytes) {
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  *p = nullptr;
+  if (bytes > r.capacity - r.device_bytes) return fail(cudaErrorMemoryAllocation);
+  void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (m == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::memset(m, 0xFF, bytes);  // fresh device memory is not zero: NaN in every float format, so reads of it show
+  r.device_allocs[m] = bytes;
+  r.device_bytes += bytes;
+  *p = m;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.device_allocs.find(p);
+  if (it == r.device_allocs.end()) return fail(cudaErrorInvalidValue);
+  r.device_bytes -= it->second;
+  r.device_allocs.erase(it);
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
+  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::memset(*p, 0xFF, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  *total_b = r.capacity;
+  *free_b = r.capacity - r.device_bytes;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = reinterpret_cast<cudaStream_t>(new int(0));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete reinterpret_cast<int*>(s);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = reinterpret_cast<cudaEvent_t>(new int(0));
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<int*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t) {
+  if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
+  for (size_t r = 0; r < height; ++r) {
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof *prop);
+  std::snprintf(prop->name, sizeof prop->name, "strata CUDA emulation");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  prop->totalGlobalMem = rt().capacity;
+  prop->l2CacheSize = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
+  std::memset(dst, value, bytes);
+  return cudaSuccess;
+}
+
+}  // extern "C"

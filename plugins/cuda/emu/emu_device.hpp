@@ -1,0 +1,64 @@
+// CPU emulation of the CUDA device features the kernels use (STRATA_CUDA_EMULATE builds only; see emu.cpp):
+// thread/block coordinates, __ldg, warp shuffles, __syncwarp, mma.sync m16n8k16 bf16 and one bf16x2 fma, with
+// warps run as 32 fibers that meet at every collective instruction.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <math.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+namespace strata_cuda::emu {
+
+struct Coords {
+  uint3 thread_idx{0, 0, 0};
+  uint3 block_idx{0, 0, 0};
+  dim3 block_dim;
+  dim3 grid_dim;
+};
+Coords& coords();
+
+// Runs body for every thread of the grid, block after block; with collectives, each warp as 32 fibers.
+void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body);
+
+void syncwarp();
+float shfl_xor(float v, int lane_mask);
+// D = A * B + C by the PTX ISA's m16n8k16 fragment layouts (products exact, sum in double, rounded once).
+void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                    float c0, float c1, float c2, float c3);
+// fma.rn.bf16x2(v, 1.0, -136.0) for v = two bf16 values in [128, 144): exact, (v - 136) each.
+uint32_t bf16x2_sub136(uint32_t v);
+[[noreturn]] void die(const char* what);
+
+template <class T>
+T load(const T* p) {
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) die("misaligned device load");
+  return *p;
+}
+
+}  // namespace strata_cuda::emu
+
+#undef __shared__
+#define __shared__ static thread_local
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#define threadIdx (::strata_cuda::emu::coords().thread_idx)
+#define blockIdx (::strata_cuda::emu::coords().block_idx)
+#define blockDim (::strata_cuda::emu::coords().block_dim)
+#define gridDim (::strata_cuda::emu::coords().grid_dim)
+
+template <class T>
+inline T __ldg(const T* p) {
+  return ::strata_cuda::emu::load(p);
+}
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return ::strata_cuda::emu::shfl_xor(v, lane_mask); }
+inline void __syncwarp() { ::strata_cuda::emu::syncwarp(); }
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
