@@ -32,17 +32,27 @@ Loaded load(const ModelOptions& o, bool with_assets) {
   l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
   LoadOptions lo;
   lo.expert_quant = parse_quant_name(o.quant);
-  // A bar redrawn in place on a terminal; nothing when stderr is a pipe or file (logs stay clean), except the
-  // closing summary line.
+  // A bar redrawn in place on a terminal. Without a terminal (logs, pipes), plain lines at every 10 % — but only
+  // once the load has taken 2 s, so quick loads (small models, tests) print nothing.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const auto t0 = std::chrono::steady_clock::now();
-  if (tty) {
-    lo.progress = [&](int64_t done, int64_t total) {
-      const int width = 30, filled = static_cast<int>(width * done / std::max<int64_t>(total, 1));
-      fmt::print(stderr, "\rloading {} [{}{}] {}/{} layers", fs::path(o.model).filename().string(), std::string(filled, '#'),
-                 std::string(width - filled, ' '), done, total);
-    };
-  }
+  const std::string name = fs::path(o.model).filename().string();
+  int64_t last_decile = 0;
+  lo.progress = [&, tty](int64_t done, int64_t total) {
+    total = std::max<int64_t>(total, 1);
+    if (tty) {
+      const int width = 30, filled = static_cast<int>(width * done / total);
+      fmt::print(stderr, "\rloading {} [{}{}] {}/{} layers", name, std::string(filled, '#'), std::string(width - filled, ' '),
+                 done, total);
+      return;
+    }
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t decile = 10 * done / total;
+    if (sec > 2.0 && decile > last_decile) {
+      last_decile = decile;
+      fmt::print(stderr, "loading {}: {}% ({}/{} layers, {:.1f} s)\n", name, 10 * decile, done, total, sec);
+    }
+  };
   l.model = Model::load(o.model, choose_backends(*l.registry, l.config), lo);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tty) {
