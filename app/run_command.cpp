@@ -75,10 +75,10 @@ TurnStats generate_turn(Session& session, std::vector<int32_t>& history, const s
   const int64_t max_new = ctx > 0 ? std::min<int64_t>(g.max_new, ctx - static_cast<int64_t>(ids.size())) : g.max_new;
   Generation gen(l.assets->tokenizer, g.sampling(*l.assets), l.assets->eos_ids, g.stop, max_new);
   const auto t0 = Clock::now();
+  g_interrupted = false;  // a Ctrl-C from here on (prefill included) stops this answer
   std::vector<float> logits = session.forward(std::span<const int32_t>(ids.data() + common, ids.size() - common), false);
   history = ids;
   st.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  g_interrupted = false;
   for (;;) {
     if (g_interrupted) {
       gen.cancel();
@@ -147,8 +147,9 @@ int cmd_chat(const ModelOptions& o, const GenOptions& g, const std::string& syst
     std::string line;
     g_interrupted = false;
     if (!std::getline(std::cin, line)) {
-      if (g_interrupted && !std::cin.eof()) {  // Ctrl-C at the prompt: a fresh prompt
+      if (g_interrupted) {  // Ctrl-C at the prompt (the read fails with EINTR): a fresh prompt
         std::cin.clear();
+        std::clearerr(stdin);
         fmt::print(stderr, "\n");
         continue;
       }

@@ -38,6 +38,9 @@ struct HttpError {
   std::string code;
 };
 
+// JSON text that never throws: invalid UTF-8 (from a client body or a file name) becomes U+FFFD.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 json error_body(const HttpError& e) {
   json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
@@ -47,7 +50,7 @@ json error_body(const HttpError& e) {
 
 void send_error(httplib::Response& res, const HttpError& e) {
   res.status = e.status;
-  res.set_content(error_body(e).dump(), "application/json");
+  res.set_content(dump(error_body(e)), "application/json");
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "") {
@@ -151,15 +154,14 @@ class Server {
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       const bool ready = engine() != nullptr;
       res.status = ready ? 200 : 503;
-      res.set_content(json{{"status", ready ? "ok" : "loading"}}.dump(), "application/json");
+      res.set_content(dump(json{{"status", ready ? "ok" : "loading"}}), "application/json");
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { metrics(res); });
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, [&](Engine&) {
-        res.set_content(json{{"object", "list"},
-                             {"data", json::array({{{"id", so_.model_name}, {"object", "model"}, {"created", created_},
-                                                    {"owned_by", "strata"}}})}}
-                            .dump(),
+        res.set_content(dump(json{{"object", "list"},
+                                  {"data", json::array({{{"id", so_.model_name}, {"object", "model"},
+                                                         {"created", created_}, {"owned_by", "strata"}}})}}),
                         "application/json");
       });
     });
@@ -177,6 +179,8 @@ class Server {
     std::signal(SIGINT, on_stop);
     std::signal(SIGTERM, on_stop);
     std::thread http([&] { svr.listen_after_bind(); });
+    // stop() only takes effect once the listener runs: wait for it, so an early load failure cannot hang here.
+    for (int i = 0; i < 500 && !svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     fmt::print(stderr, "strata serve: listening on http://{}:{} — loading {} ...\n", so_.host, so_.port, mo_.model);
     try {
       // Test hook: delay the load so tests can see the 503 answered while loading.
@@ -311,9 +315,9 @@ class Server {
       json choice = {{"index", 0}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
       if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}};
       else choice["text"] = r.text;
-      res.set_content(json{{"id", id}, {"object", object}, {"created", created}, {"model", so_.model_name},
-                           {"choices", json::array({choice})}, {"usage", usage(n_prompt, static_cast<int64_t>(r.ids.size()))}}
-                          .dump(),
+      res.set_content(dump(json{{"id", id}, {"object", object}, {"created", created}, {"model", so_.model_name},
+                                {"choices", json::array({choice})},
+                                {"usage", usage(n_prompt, static_cast<int64_t>(r.ids.size()))}}),
                       "application/json");
       return;
     }
@@ -330,7 +334,7 @@ class Server {
         "text/event-stream",
         [=, this, started = false](size_t, httplib::DataSink& sink) mutable {
           auto send = [&](const json& j) {
-            const std::string line = "data: " + j.dump() + "\n\n";
+            const std::string line = "data: " + dump(j) + "\n\n";
             return sink.write(line.data(), line.size());
           };
           if (!started) {

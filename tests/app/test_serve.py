@@ -215,6 +215,22 @@ class SlotTest(unittest.TestCase):
         finally:
             srv.stop()
 
+    def test_queue_zero_still_serves_free_slots(self):
+        srv = Server("--parallel", "2", "--queue", "0")
+        try:
+            srv.wait_ready()
+            out = srv.client().completions.create(model="chat-model", prompt="Hi", max_tokens=3, temperature=0)
+            self.assertTrue(out.choices)
+        finally:
+            srv.stop()
+
+    def test_bad_model_folder_exits_instead_of_hanging(self):
+        port = free_port()
+        r = subprocess.run([ARGS.bin, "serve", "--model", "/nonexistent/model", "--port", str(port)], capture_output=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(b"not a model directory", r.stderr)
+
     def test_api_key_and_loading(self):
         srv = Server("--api-key", "sekret", env={"STRATA_SERVE_TEST_LOAD_DELAY_MS": "1500"})
         try:

@@ -131,4 +131,16 @@ TEST_CASE("Generation: EOS, max tokens, stop strings, and text released only whe
     CHECK(g.finish_reason() == "stop");
     CHECK(streamed == "Hello, ");
   }
+  {
+    // Several stop strings: the one that starts earliest in the text cuts it, whatever the list order.
+    Generation g(tok, greedy, {2}, {"world", "llo"}, 100);
+    std::string streamed;
+    for (int32_t id : ids) {
+      g.step(pick(id, V));
+      streamed += g.take_text();
+      if (g.done()) break;
+    }
+    CHECK(g.finish_reason() == "stop");
+    CHECK(streamed == "He");
+  }
 }

@@ -86,7 +86,9 @@ std::shared_ptr<RequestState> Engine::submit(GenerationRequest req) {
   auto state = std::make_shared<RequestState>();
   {
     std::lock_guard lk(mu_);
-    if (static_cast<int>(queue_.size()) >= opt_.max_queue) {
+    // Refuse only when the queue is at its limit and no decode slot is free to take the request at once.
+    const int waiting = static_cast<int>(queue_.size());
+    if (waiting >= opt_.max_queue && stats_.active + waiting >= opt_.max_active) {
       ++stats_.rejected;
       throw QueueFull(fmt::format("the queue is full ({} requests waiting)", queue_.size()));
     }
@@ -152,15 +154,25 @@ void Engine::loop() {
         a->state = state;
         a->start = Clock::now();
         a->prompt = std::move(req.prompt);
-        a->session = std::make_unique<Session>(model_, opt_.threads);
-        a->gen = std::make_unique<Generation>(assets_->tokenizer, req.sampling, assets_->eos_ids, req.stop, req.max_new);
+        try {
+          a->session = std::make_unique<Session>(model_, opt_.threads);
+          a->gen = std::make_unique<Generation>(assets_->tokenizer, req.sampling, assets_->eos_ids, req.stop, req.max_new);
+        } catch (const std::exception& e) {
+          // This request cannot start; it ends with the error and the engine goes on.
+          GenerationResult r;
+          r.finish_reason = "error";
+          r.error = e.what();
+          r.prompt_tokens = static_cast<int64_t>(a->prompt.size());
+          state->finish(std::move(r));
+          continue;
+        }
         fresh.push_back(std::move(a));
       }
       stats_.queued = static_cast<int>(queue_.size());
       stats_.active = static_cast<int>(active.size() + fresh.size());
     }
     try {
-      // Prefill the new sequences together.
+      // Prefill the new sequences together. A failure here ends only these new sequences.
       if (!fresh.empty()) {
         std::vector<Session*> ss;
         std::vector<std::span<const int32_t>> ids;
@@ -178,6 +190,12 @@ void Engine::loop() {
           }
         }
       }
+    } catch (const std::exception& e) {
+      for (auto& a : fresh) {
+        if (a) retire(*a, "error", e.what());
+      }
+    }
+    try {
       // Decode every active sequence by one token, together.
       std::vector<Active*> step;
       for (auto& a : active) {
@@ -214,11 +232,10 @@ void Engine::loop() {
         std::erase(active, nullptr);
       }
     } catch (const std::exception& e) {
-      // A failed pass ends the sequences in it with an error; the engine keeps serving.
-      for (auto& a : fresh) {
+      // A failed decode pass ends the sequences in it with an error; the engine keeps serving.
+      for (auto& a : active) {
         if (a) retire(*a, "error", e.what());
       }
-      for (auto& a : active) retire(*a, "error", e.what());
       active.clear();
     }
     {

@@ -91,14 +91,12 @@ int32_t Generation::step(std::span<const float> logits) {
   }
   ids_.push_back(id);
   if (decoder_) held_ += decoder_->push(id);
-  // A stop string ends the text where it begins.
-  for (const auto& s : stops_) {
-    const size_t at = held_.find(s);
-    if (at != std::string::npos) {
-      held_.resize(at);
-      finish_reason_ = "stop";
-      break;
-    }
+  // The earliest stop string in the text ends it where it begins.
+  size_t cut = std::string::npos;
+  for (const auto& s : stops_) cut = std::min(cut, held_.find(s));
+  if (cut != std::string::npos) {
+    held_.resize(cut);
+    finish_reason_ = "stop";
   }
   if (!done() && static_cast<int64_t>(ids_.size()) >= max_new_) {
     finish_reason_ = "length";
