@@ -1,14 +1,15 @@
-// Implementation of the strata subcommands plugins, logits, generate and inspect, and the shared model loading.
+// Implementation of the strata subcommands plugins, logits, generate and inspect, and the shared model
+// loading.
 #include "commands.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iostream>
-#include <unistd.h>
 
 #include "strata/error.hpp"
 #include "strata/model.hpp"
@@ -32,8 +33,8 @@ Loaded load(const ModelOptions& o, bool with_assets) {
   l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
   LoadOptions lo;
   lo.expert_quant = parse_quant_name(o.quant);
-  // A bar redrawn in place on a terminal. Without a terminal (logs, pipes), plain lines at every 10 % — but only
-  // once the load has taken 2 s, so quick loads (small models, tests) print nothing.
+  // A bar redrawn in place on a terminal. Without a terminal (logs, pipes), plain lines at every 10 % — but
+  // only once the load has taken 2 s, so quick loads (small models, tests) print nothing.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string name = fs::path(o.model).filename().string();
@@ -42,8 +43,8 @@ Loaded load(const ModelOptions& o, bool with_assets) {
     total = std::max<int64_t>(total, 1);
     if (tty) {
       const int width = 30, filled = static_cast<int>(width * done / total);
-      fmt::print(stderr, "\rloading {} [{}{}] {}/{} layers", name, std::string(filled, '#'), std::string(width - filled, ' '),
-                 done, total);
+      fmt::print(stderr, "\rloading {} [{}{}] {}/{} layers", name, std::string(filled, '#'),
+                 std::string(width - filled, ' '), done, total);
       return;
     }
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -57,8 +58,8 @@ Loaded load(const ModelOptions& o, bool with_assets) {
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tty) {
     const auto pc = l.model->param_counts();
-    fmt::print(stderr, "\rloaded {} ({}, {:.2f} B parameters) in {:.2f} s{:20}\n", o.model, family_name(l.model->spec().family),
-               static_cast<double>(pc.dense + pc.routed) / 1e9, sec, "");
+    fmt::print(stderr, "\rloaded {} ({}, {:.2f} B parameters) in {:.2f} s{:20}\n", o.model,
+               family_name(l.model->spec().family), static_cast<double>(pc.dense + pc.routed) / 1e9, sec, "");
   }
   if (with_assets) l.assets = std::make_shared<ModelAssets>(ModelAssets::load(o.model, l.model->spec()));
   return l;
@@ -74,7 +75,9 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     errno = 0;
     const long v = std::strtol(tok.c_str(), &stop, 10);
     if (tok.empty() || *stop != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
-      fail("cli", "--ids: '{}' is not a token id (expected comma-separated non-negative integers, e.g. 3,17,42)", tok);
+      fail("cli",
+           "--ids: '{}' is not a token id (expected comma-separated non-negative integers, e.g. 3,17,42)",
+           tok);
     }
     ids.push_back(static_cast<int32_t>(v));
     if (end == std::string::npos) break;
@@ -87,13 +90,15 @@ int cmd_plugins(const CommonOptions& o) {
   const RuntimeConfig cfg = config_of(o);
   PluginRegistry reg(plugin_search_path(cfg.plugins.path));
   fmt::print("search path:\n");
-  for (const auto& d : reg.search_path()) fmt::print("  {}{}\n", d.string(), fs::is_directory(d) ? "" : "  (absent)");
+  for (const auto& d : reg.search_path())
+    fmt::print("  {}{}\n", d.string(), fs::is_directory(d) ? "" : "  (absent)");
   std::string dense_name, expert_names;
   std::string choose_error;
   try {
     const Backends b = choose_backends(reg, cfg);
     dense_name = std::string(b.dense->name());
-    for (const auto& e : b.experts) expert_names += (expert_names.empty() ? "" : ",") + std::string(e->name());
+    for (const auto& e : b.experts)
+      expert_names += (expert_names.empty() ? "" : ",") + std::string(e->name());
   } catch (const Error& e) {
     choose_error = e.what();
   }
@@ -106,10 +111,13 @@ int cmd_plugins(const CommonOptions& o) {
     } else {
       std::vector<std::string> roles;
       if (p.name == dense_name) roles.push_back("dense");
-      if (("," + expert_names + ",").find("," + p.name + ",") != std::string::npos) roles.push_back("experts");
-      status = roles.empty() ? "available (not chosen)" : fmt::format("chosen for {}", fmt::join(roles, " + "));
+      if (("," + expert_names + ",").find("," + p.name + ",") != std::string::npos)
+        roles.push_back("experts");
+      status =
+          roles.empty() ? "available (not chosen)" : fmt::format("chosen for {}", fmt::join(roles, " + "));
     }
-    fmt::print("  {:<14} {:<8} score {:>4}  {}\n", p.name, p.version.empty() ? "-" : p.version, p.score, status);
+    fmt::print("  {:<14} {:<8} score {:>4}  {}\n", p.name, p.version.empty() ? "-" : p.version, p.score,
+               status);
     fmt::print("  {:<14} {}\n", "", p.file.string());
   }
   if (!expert_names.empty()) fmt::print("experts preference: {}\n", expert_names);
@@ -138,8 +146,9 @@ int cmd_logits(const ModelOptions& o, int64_t prefill, const std::string& out) {
     auto part = s.forward(std::span<const int32_t>(ids.data() + t, 1), true);
     logits.insert(logits.end(), part.begin(), part.end());
   }
-  write_safetensors(out, {TensorToWrite{"logits", DType::F32, {T, V}, std::as_bytes(std::span<const float>(logits))}},
-                    {{"model", l.model->dir().string()}, {"prefill", std::to_string(prefill)}});
+  write_safetensors(
+      out, {TensorToWrite{"logits", DType::F32, {T, V}, std::as_bytes(std::span<const float>(logits))}},
+      {{"model", l.model->dir().string()}, {"prefill", std::to_string(prefill)}});
   fmt::print(stderr, "wrote logits [{}, {}] to {}\n", T, V, out);
   return 0;
 }
@@ -154,7 +163,8 @@ int cmd_generate(const ModelOptions& o, int64_t max_new, bool print_ids) {
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("{}\n", fmt::join(out, " "));
   if (!print_ids) {
-    fmt::print(stderr, "{} prompt + {} new tokens in {:.3f} s ({:.1f} tok/s); backends: dense={} experts={}\n",
+    fmt::print(stderr,
+               "{} prompt + {} new tokens in {:.3f} s ({:.1f} tok/s); backends: dense={} experts={}\n",
                ids.size(), out.size(), sec, sec > 0 ? static_cast<double>(out.size()) / sec : 0.0,
                l.model->backends().dense->name(), l.model->backends().experts.front()->name());
   }
@@ -171,14 +181,15 @@ int cmd_inspect(const ModelOptions& o) {
   fmt::print("layers:       {} ({} with routed experts)\n", s.n_layers,
              std::count(s.moe_layer.begin(), s.moe_layer.end(), true));
   fmt::print("hidden:       {}   vocab: {}\n", s.hidden, s.vocab);
-  fmt::print("attention:    {}  heads {}  kv heads {}\n", s.attention == AttentionKind::MLA ? "MLA" : "GQA", s.n_heads,
-             s.n_kv_heads);
-  fmt::print("experts:      {} routed, top-{}, {} shared, width {}\n", s.n_experts, s.top_k, s.n_shared_experts,
-             s.moe_intermediate);
-  fmt::print("parameters:   {} total = {} dense + {} routed experts\n", pc.dense + pc.routed, pc.dense, pc.routed);
+  fmt::print("attention:    {}  heads {}  kv heads {}\n", s.attention == AttentionKind::MLA ? "MLA" : "GQA",
+             s.n_heads, s.n_kv_heads);
+  fmt::print("experts:      {} routed, top-{}, {} shared, width {}\n", s.n_experts, s.top_k,
+             s.n_shared_experts, s.moe_intermediate);
+  fmt::print("parameters:   {} total = {} dense + {} routed experts\n", pc.dense + pc.routed, pc.dense,
+             pc.routed);
   fmt::print("expert size:  {} parameters, {} bytes as stored\n", pc.per_expert, pc.per_expert_bytes);
-  fmt::print("KV cache:     {} floats per token per layer = {} bytes per token (f32, all layers)\n", kv_floats,
-             kv_floats * 4 * s.n_layers + (s.dsa ? s.index_head_dim * 4 * s.n_layers : 0));
+  fmt::print("KV cache:     {} floats per token per layer = {} bytes per token (f32, all layers)\n",
+             kv_floats, kv_floats * 4 * s.n_layers + (s.dsa ? s.index_head_dim * 4 * s.n_layers : 0));
   return 0;
 }
 

@@ -22,7 +22,7 @@ struct CommonOptions {
 struct ModelOptions {
   CommonOptions common;
   std::string model;
-  std::string ids;  // "3,17,42"
+  std::string ids;             // "3,17,42"
   std::string quant = "none";  // routed experts quantized at load: q4_g64 | q4_row | none
 };
 
@@ -43,7 +43,7 @@ struct GenOptions {
   std::optional<int32_t> top_k;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
-  std::string stats;  // "" | "json"
+  std::string stats;                                    // "" | "json"
   SamplingParams sampling(const ModelAssets& a) const;  // model defaults overridden by the flags given
 };
 
@@ -78,7 +78,8 @@ struct ConvertCliOptions {
 };
 int cmd_convert(const ConvertCliOptions& o);
 
-// strata tokenize (app/tokenize_command.cpp): JSON list of strings → JSON list of id lists (or back with decode).
+// strata tokenize (app/tokenize_command.cpp): JSON list of strings → JSON list of id lists (or back with
+// decode).
 struct TokenizeOptions {
   std::string tokenizer, input;  // tokenizer.json; JSON input file ("-" = stdin)
   bool decode = false, add_special_tokens = false, skip_special_tokens = false;

@@ -47,23 +47,25 @@ class ProgressPrinter {
     using S = ConvertProgress::Stage;
     switch (p.stage) {
       case S::Planned:
-        line(fmt::format("[convert] {}: {} tensors, {} → {} output shard(s)", in_, p.tensors_total, mb(p.bytes_total),
-                         p.shards_total));
+        line(fmt::format("[convert] {}: {} tensors, {} → {} output shard(s)", in_, p.tensors_total,
+                         mb(p.bytes_total), p.shards_total));
         break;
-      case S::Tensor: bar(p, false); break;
+      case S::Tensor:
+        bar(p, false);
+        break;
       case S::ShardReused:
         if (!tty_) {
-          line(fmt::format("[convert] shard {}/{} {} kept from the interrupted run ({})", p.shards_done, p.shards_total,
-                           p.shard, mb(p.shard_bytes)));
+          line(fmt::format("[convert] shard {}/{} {} kept from the interrupted run ({})", p.shards_done,
+                           p.shards_total, p.shard, mb(p.shard_bytes)));
         } else {
           bar(p, true);
         }
         break;
       case S::ShardWritten:
         if (!tty_) {
-          line(fmt::format("[convert] shard {}/{} {} written ({}); tensors {}/{}, {} of {}, {}, ETA {}", p.shards_done,
-                           p.shards_total, p.shard, mb(p.shard_bytes), p.tensors_done, p.tensors_total,
-                           mb(p.bytes_done), mb(p.bytes_total), rate(p), eta(p)));
+          line(fmt::format("[convert] shard {}/{} {} written ({}); tensors {}/{}, {} of {}, {}, ETA {}",
+                           p.shards_done, p.shards_total, p.shard, mb(p.shard_bytes), p.tensors_done,
+                           p.tensors_total, mb(p.bytes_done), mb(p.bytes_total), rate(p), eta(p)));
         } else {
           bar(p, true);
         }
@@ -72,7 +74,8 @@ class ProgressPrinter {
         if (tty_) bar(p, true);
         line("[convert] writing the index, config.json, copied files and the manifest");
         break;
-      case S::Done: break;
+      case S::Done:
+        break;
     }
   }
 
@@ -103,14 +106,15 @@ class ProgressPrinter {
     if (!force && drawn_ && now - last_ < std::chrono::milliseconds(100)) return;
     last_ = now;
     constexpr int kWidth = 28;
-    const double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 1.0;
+    const double frac =
+        p.bytes_total ? static_cast<double>(p.bytes_done) / static_cast<double>(p.bytes_total) : 1.0;
     const int fill = static_cast<int>(frac * kWidth);
     std::string b(static_cast<size_t>(fill), '#');
     b.append(static_cast<size_t>(kWidth - fill), '.');
-    std::fprintf(stderr, "\r[%s] %3.0f%%  %lld/%lld tensors  %s/%s  shard %zu/%zu  %s  ETA %s\x1b[K", b.c_str(),
-                 frac * 100, static_cast<long long>(p.tensors_done), static_cast<long long>(p.tensors_total),
-                 mb(p.bytes_done).c_str(), mb(p.bytes_total).c_str(), p.shards_done, p.shards_total, rate(p).c_str(),
-                 eta(p).c_str());
+    std::fprintf(stderr, "\r[%s] %3.0f%%  %lld/%lld tensors  %s/%s  shard %zu/%zu  %s  ETA %s\x1b[K",
+                 b.c_str(), frac * 100, static_cast<long long>(p.tensors_done),
+                 static_cast<long long>(p.tensors_total), mb(p.bytes_done).c_str(), mb(p.bytes_total).c_str(),
+                 p.shards_done, p.shards_total, rate(p).c_str(), eta(p).c_str());
     std::fflush(stderr);
     drawn_ = true;
   }
@@ -168,7 +172,8 @@ int cmd_convert(const ConvertCliOptions& o) {
                r.output_shards_reused, r.input_shards_skipped);
   }
   if (r.replaced_existing) fmt::print("  replaced the previous container (--force)\n");
-  fmt::print("  copied: {}\n", r.copied_files.empty() ? std::string("(nothing)") : fmt::format("{}", fmt::join(r.copied_files, " ")));
+  fmt::print("  copied: {}\n", r.copied_files.empty() ? std::string("(nothing)")
+                                                      : fmt::format("{}", fmt::join(r.copied_files, " ")));
   fmt::print("  {:.1f} s, peak RSS {}\n", r.seconds, mb(static_cast<uint64_t>(r.peak_rss_bytes)));
   return 0;
 }

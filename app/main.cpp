@@ -21,20 +21,23 @@ int main(int argc, char** argv) {
   ModelOptions mo;
   auto add_model = [&](CLI::App* sc, bool need_ids) {
     add_common(sc);
-    sc->add_option("--model", mo.model, "Hugging Face model directory (config.json + *.safetensors)")->required();
+    sc->add_option("--model", mo.model, "Hugging Face model directory (config.json + *.safetensors)")
+        ->required();
     if (need_ids) sc->add_option("--ids", mo.ids, "comma-separated token ids, e.g. 3,17,42")->required();
     sc->add_option("--quant", mo.quant, "quantize float routed experts at load: q4_g64, q4_row or none")
         ->check(CLI::IsMember({"q4_g64", "q4_row", "none"}));
   };
 
-  auto* plugins = app.add_subcommand("plugins", "list the backend plugins found, their scores, and which are chosen");
+  auto* plugins =
+      app.add_subcommand("plugins", "list the backend plugins found, their scores, and which are chosen");
   add_common(plugins);
 
   int64_t prefill = -1;
   std::string out;
   auto* logits = app.add_subcommand("logits", "write the logits of every position to a safetensors file");
   add_model(logits, true);
-  logits->add_option("--prefill", prefill, "feed the first N ids as one batch, the rest one at a time (default all)");
+  logits->add_option("--prefill", prefill,
+                     "feed the first N ids as one batch, the rest one at a time (default all)");
   logits->add_option("--out", out, "output .safetensors (tensor 'logits', F32 [T, vocab])")->required();
 
   int64_t max_new = 16;
@@ -45,22 +48,30 @@ int main(int argc, char** argv) {
   generate->add_flag("--greedy", greedy, "greedy decoding (argmax; the mode of this command)");
   generate->add_flag("--print-ids", print_ids, "print only the generated ids, space-separated, on one line");
 
-  auto* inspect = app.add_subcommand("inspect", "report a model's shapes, parameter counts and KV bytes per token");
+  auto* inspect =
+      app.add_subcommand("inspect", "report a model's shapes, parameter counts and KV bytes per token");
   add_model(inspect, false);
 
   ConvertCliOptions co;
-  auto* convert = app.add_subcommand("convert", "convert a Hugging Face checkpoint into a strata int4 container");
-  convert->add_option("--in", co.in, "Hugging Face model directory (config.json + *.safetensors)")->required();
-  convert->add_option("--out", co.out, "output container directory (built in DIR.partial, renamed at the end)")->required();
+  auto* convert =
+      app.add_subcommand("convert", "convert a Hugging Face checkpoint into a strata int4 container");
+  convert->add_option("--in", co.in, "Hugging Face model directory (config.json + *.safetensors)")
+      ->required();
+  convert
+      ->add_option("--out", co.out, "output container directory (built in DIR.partial, renamed at the end)")
+      ->required();
   convert->add_option("--format", co.format, "routed experts: q4_g64 (default) or q4_row");
   convert->add_option("--dense-format", co.dense, "other 2-D weights: keep (default), bf16 or q4_g64");
-  convert->add_option("--shard-size-mb", co.shard_size_mb, "target size of an output shard in MiB (default 2048)");
+  convert->add_option("--shard-size-mb", co.shard_size_mb,
+                      "target size of an output shard in MiB (default 2048)");
   convert->add_flag("--force", co.force, "replace an existing strata container at --out");
 
   GenOptions go;
   auto add_gen = [&](CLI::App* sc) {
-    sc->add_option("--max-new", go.max_new, "tokens to generate at most (default 256)")->check(CLI::PositiveNumber);
-    sc->add_option("--temperature", go.temperature, "sampling temperature (0 = greedy; default: the model's)");
+    sc->add_option("--max-new", go.max_new, "tokens to generate at most (default 256)")
+        ->check(CLI::PositiveNumber);
+    sc->add_option("--temperature", go.temperature,
+                   "sampling temperature (0 = greedy; default: the model's)");
     sc->add_option("--top-p", go.top_p, "nucleus sampling threshold in (0, 1]");
     sc->add_option("--top-k", go.top_k, "sample among the k most likely tokens (0 = off)");
     sc->add_option("--min-p", go.min_p, "drop tokens below min_p times the most likely one's probability");
@@ -69,7 +80,8 @@ int main(int argc, char** argv) {
     sc->add_option("--stats", go.stats, "per-turn statistics format: json")->check(CLI::IsMember({"json"}));
   };
   std::string prompt;
-  auto* run = app.add_subcommand("run", "complete one prompt, streaming the text to stdout (statistics to stderr)");
+  auto* run =
+      app.add_subcommand("run", "complete one prompt, streaming the text to stdout (statistics to stderr)");
   add_model(run, false);
   add_gen(run);
   run->add_option("--prompt", prompt, "the text to continue")->required();
@@ -81,24 +93,32 @@ int main(int argc, char** argv) {
   chat->add_option("--system", system, "system message");
 
   ServeOptions so;
-  auto* serve = app.add_subcommand("serve", "serve an OpenAI-compatible HTTP API (/v1/chat/completions, ...)");
+  auto* serve =
+      app.add_subcommand("serve", "serve an OpenAI-compatible HTTP API (/v1/chat/completions, ...)");
   add_model(serve, false);
   add_gen(serve);
   serve->add_option("--host", so.host, "address to listen on (default 127.0.0.1)");
   serve->add_option("--port", so.port, "port (default 8080)")->check(CLI::Range(0, 65535));
   serve->add_option("--api-key", so.api_key, "require 'Authorization: Bearer KEY' (also STRATA_API_KEY)");
-  serve->add_option("--model-name", so.model_name, "model id reported by /v1/models (default: the folder name)");
-  serve->add_option("--parallel", so.parallel, "sequences decoded together (default 8)")->check(CLI::Range(1, 256));
-  serve->add_option("--queue", so.queue, "waiting requests before 429 (default 16)")->check(CLI::Range(0, 100000));
-  serve->add_option("--max-body-kb", so.max_body_kb, "largest request body in KiB (default 4096)")->check(CLI::PositiveNumber);
+  serve->add_option("--model-name", so.model_name,
+                    "model id reported by /v1/models (default: the folder name)");
+  serve->add_option("--parallel", so.parallel, "sequences decoded together (default 8)")
+      ->check(CLI::Range(1, 256));
+  serve->add_option("--queue", so.queue, "waiting requests before 429 (default 16)")
+      ->check(CLI::Range(0, 100000));
+  serve->add_option("--max-body-kb", so.max_body_kb, "largest request body in KiB (default 4096)")
+      ->check(CLI::PositiveNumber);
 
   TokenizeOptions to;
-  auto* tokenize = app.add_subcommand("tokenize", "encode a JSON list of strings to token ids (or decode id lists)");
+  auto* tokenize =
+      app.add_subcommand("tokenize", "encode a JSON list of strings to token ids (or decode id lists)");
   tokenize->add_option("--tokenizer", to.tokenizer, "Hugging Face tokenizer.json")->required();
-  tokenize->add_option("--input", to.input, "JSON list of strings (with --decode: list of id lists); - = stdin")
+  tokenize
+      ->add_option("--input", to.input, "JSON list of strings (with --decode: list of id lists); - = stdin")
       ->required();
   tokenize->add_flag("--decode", to.decode, "decode id lists to strings instead");
-  tokenize->add_flag("--add-special-tokens", to.add_special_tokens, "apply the post-processor's BOS/EOS template");
+  tokenize->add_flag("--add-special-tokens", to.add_special_tokens,
+                     "apply the post-processor's BOS/EOS template");
   tokenize->add_flag("--skip-special-tokens", to.skip_special_tokens, "with --decode: drop special tokens");
 
   CLI11_PARSE(app, argc, argv);

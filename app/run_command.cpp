@@ -1,4 +1,5 @@
-// strata run (one prompt → streamed completion) and strata chat (interactive, chat template, Ctrl-C stops the answer).
+// strata run (one prompt → streamed completion) and strata chat (interactive, chat template, Ctrl-C stops the
+// answer).
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -18,7 +19,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_interrupted{false};
 
-void on_sigint(int) { g_interrupted = true; }
+void on_sigint(int) {
+  g_interrupted = true;
+}
 
 // Ctrl-C sets a flag instead of ending the process; reads are not restarted, so a waiting getline returns.
 void install_sigint() {
@@ -42,21 +45,25 @@ struct TurnStats {
 
 void print_stats(const TurnStats& s, const std::string& mode, const Model& m) {
   if (mode == "json") {
-    nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},  {"new_tokens", s.new_tokens},
-                        {"ttft_s", s.ttft_s},                {"total_s", s.total_s},
-                        {"decode_tok_per_s", s.decode_tok_s()}, {"prefill_tok_per_s", s.ttft_s > 0 ? s.prompt_tokens / s.ttft_s : 0.0},
-                        {"finish_reason", s.finish},         {"dense_backend", std::string(m.backends().dense->name())},
+    nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
+                        {"new_tokens", s.new_tokens},
+                        {"ttft_s", s.ttft_s},
+                        {"total_s", s.total_s},
+                        {"decode_tok_per_s", s.decode_tok_s()},
+                        {"prefill_tok_per_s", s.ttft_s > 0 ? s.prompt_tokens / s.ttft_s : 0.0},
+                        {"finish_reason", s.finish},
+                        {"dense_backend", std::string(m.backends().dense->name())},
                         {"expert_backend", std::string(m.backends().experts.front()->name())}};
     fmt::print(stderr, "{}\n", j.dump());
     return;
   }
-  fmt::print(stderr, "[{} prompt tok, {} new tok, TTFT {:.3f} s, {:.1f} tok/s decode, {}; {} / {}]\n", s.prompt_tokens,
-             s.new_tokens, s.ttft_s, s.decode_tok_s(), s.finish, m.backends().dense->name(),
+  fmt::print(stderr, "[{} prompt tok, {} new tok, TTFT {:.3f} s, {:.1f} tok/s decode, {}; {} / {}]\n",
+             s.prompt_tokens, s.new_tokens, s.ttft_s, s.decode_tok_s(), s.finish, m.backends().dense->name(),
              m.backends().experts.front()->name());
 }
 
-// Feeds `ids` after what the session already holds (or from scratch when the session's history is not a prefix),
-// then generates with streaming output. history: the ids the session has consumed.
+// Feeds `ids` after what the session already holds (or from scratch when the session's history is not a
+// prefix), then generates with streaming output. history: the ids the session has consumed.
 TurnStats generate_turn(Session& session, std::vector<int32_t>& history, const std::vector<int32_t>& ids,
                         const Loaded& l, const GenOptions& g, bool print) {
   TurnStats st;
@@ -72,11 +79,13 @@ TurnStats generate_turn(Session& session, std::vector<int32_t>& history, const s
   if (ctx > 0 && static_cast<int64_t>(ids.size()) >= ctx) {
     fail("run", "the prompt has {} tokens but the model's context is {}", ids.size(), ctx);
   }
-  const int64_t max_new = ctx > 0 ? std::min<int64_t>(g.max_new, ctx - static_cast<int64_t>(ids.size())) : g.max_new;
+  const int64_t max_new =
+      ctx > 0 ? std::min<int64_t>(g.max_new, ctx - static_cast<int64_t>(ids.size())) : g.max_new;
   Generation gen(l.assets->tokenizer, g.sampling(*l.assets), l.assets->eos_ids, g.stop, max_new);
   const auto t0 = Clock::now();
   g_interrupted = false;  // a Ctrl-C from here on (prefill included) stops this answer
-  std::vector<float> logits = session.forward(std::span<const int32_t>(ids.data() + common, ids.size() - common), false);
+  std::vector<float> logits =
+      session.forward(std::span<const int32_t>(ids.data() + common, ids.size() - common), false);
   history = ids;
   st.ttft_s = std::chrono::duration<double>(Clock::now() - t0).count();
   for (;;) {
@@ -133,7 +142,8 @@ int cmd_run(const ModelOptions& o, const GenOptions& g, const std::string& promp
 int cmd_chat(const ModelOptions& o, const GenOptions& g, const std::string& system) {
   Loaded l = load(o, true);
   const Tokenizer& tok = l.assets->require_tokenizer();
-  if (!l.assets->chat_template) fail("chat", "{}: the model has no chat template (tokenizer_config.json chat_template)", o.model);
+  if (!l.assets->chat_template)
+    fail("chat", "{}: the model has no chat template (tokenizer_config.json chat_template)", o.model);
   install_sigint();
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   Session session(l.model, l.config.scheduler.threads);
@@ -141,7 +151,10 @@ int cmd_chat(const ModelOptions& o, const GenOptions& g, const std::string& syst
   nlohmann::json messages = nlohmann::json::array();
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
   TurnStats last;
-  if (tty) fmt::print(stderr, "strata chat — /reset clears the conversation, /stats shows the last turn, Ctrl-C stops an answer, Ctrl-D quits.\n");
+  if (tty)
+    fmt::print(stderr,
+               "strata chat — /reset clears the conversation, /stats shows the last turn, Ctrl-C stops an "
+               "answer, Ctrl-D quits.\n");
   for (;;) {
     if (tty) fmt::print(stderr, "> ");
     std::string line;

@@ -1,5 +1,6 @@
-// strata serve: an OpenAI-compatible HTTP API (cpp-httplib) over the serving engine. The port is bound before the
-// model loads (requests meanwhile get 503), bad requests get 4xx JSON errors, streams end when the client leaves.
+// strata serve: an OpenAI-compatible HTTP API (cpp-httplib) over the serving engine. The port is bound before
+// the model loads (requests meanwhile get 503), bad requests get 4xx JSON errors, streams end when the client
+// leaves.
 #include <fmt/format.h>
 #include <httplib.h>
 
@@ -29,7 +30,8 @@ void on_stop(int) {
 }
 
 struct HttpError {
-  HttpError(int s, std::string m, std::string t = "invalid_request_error", std::string p = "", std::string c = "")
+  HttpError(int s, std::string m, std::string t = "invalid_request_error", std::string p = "",
+            std::string c = "")
       : status(s), message(std::move(m)), type(std::move(t)), param(std::move(p)), code(std::move(c)) {}
   int status;
   std::string message;
@@ -39,7 +41,9 @@ struct HttpError {
 };
 
 // JSON text that never throws: invalid UTF-8 (from a client body or a file name) becomes U+FFFD.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 json error_body(const HttpError& e) {
   json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
@@ -105,7 +109,8 @@ std::string content_text(const json& c, size_t i) {
   if (!c.is_array()) bad(param, "message content must be a string or a list of text parts");
   std::string out;
   for (const auto& part : c) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
       bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
     }
     out += part["text"].get<std::string>();
@@ -126,19 +131,24 @@ class Server {
     if (so_.api_key.empty()) {
       if (const char* k = std::getenv("STRATA_API_KEY")) so_.api_key = k;
     }
-    if (so_.model_name.empty()) so_.model_name = std::filesystem::path(mo_.model).lexically_normal().filename().string();
+    if (so_.model_name.empty())
+      so_.model_name = std::filesystem::path(mo_.model).lexically_normal().filename().string();
     if (so_.model_name.empty()) so_.model_name = "strata";
   }
 
   int run() {
     httplib::Server svr;
-    svr.new_task_queue = [this] { return new httplib::ThreadPool(static_cast<size_t>(so_.parallel + so_.queue + 8)); };
+    svr.new_task_queue = [this] {
+      return new httplib::ThreadPool(static_cast<size_t>(so_.parallel + so_.queue + 8));
+    };
     svr.set_payload_max_length(static_cast<size_t>(so_.max_body_kb) * 1024);
     svr.set_read_timeout(60, 0);
     svr.set_write_timeout(60, 0);
     svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
       if (!res.body.empty()) return;
-      const char* msg = res.status == 404 ? "no such route" : res.status == 413 ? "the request body is too large" : "request failed";
+      const char* msg = res.status == 404   ? "no such route"
+                        : res.status == 413 ? "the request body is too large"
+                                            : "request failed";
       send_error(res, HttpError(res.status, msg));
     });
     svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -160,8 +170,10 @@ class Server {
     svr.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, [&](Engine&) {
         res.set_content(dump(json{{"object", "list"},
-                                  {"data", json::array({{{"id", so_.model_name}, {"object", "model"},
-                                                         {"created", created_}, {"owned_by", "strata"}}})}}),
+                                  {"data", json::array({{{"id", so_.model_name},
+                                                         {"object", "model"},
+                                                         {"created", created_},
+                                                         {"owned_by", "strata"}}})}}),
                         "application/json");
       });
     });
@@ -179,9 +191,12 @@ class Server {
     std::signal(SIGINT, on_stop);
     std::signal(SIGTERM, on_stop);
     std::thread http([&] { svr.listen_after_bind(); });
-    // stop() only takes effect once the listener runs: wait for it, so an early load failure cannot hang here.
-    for (int i = 0; i < 500 && !svr.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    fmt::print(stderr, "strata serve: listening on http://{}:{} — loading {} ...\n", so_.host, so_.port, mo_.model);
+    // stop() only takes effect once the listener runs: wait for it, so an early load failure cannot hang
+    // here.
+    for (int i = 0; i < 500 && !svr.is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    fmt::print(stderr, "strata serve: listening on http://{}:{} — loading {} ...\n", so_.host, so_.port,
+               mo_.model);
     try {
       // Test hook: delay the load so tests can see the 503 answered while loading.
       if (const char* d = std::getenv("STRATA_SERVE_TEST_LOAD_DELAY_MS")) {
@@ -190,7 +205,9 @@ class Server {
       Loaded l = load(mo_, true);
       l.assets->require_tokenizer();
       if (!l.assets->chat_template) {
-        fmt::print(stderr, "strata serve: warning: {} has no chat template; /v1/chat/completions will answer 400\n", mo_.model);
+        fmt::print(stderr,
+                   "strata serve: warning: {} has no chat template; /v1/chat/completions will answer 400\n",
+                   mo_.model);
       }
       loaded_ = std::make_unique<Loaded>(std::move(l));
       EngineOptions eo;
@@ -200,7 +217,8 @@ class Server {
       auto eng = std::make_shared<Engine>(loaded_->model, loaded_->assets, eo);
       std::atomic_store(&engine_, eng);
       fmt::print(stderr, "strata serve: ready — model '{}' ({}), {} parallel, queue {}{}\n", so_.model_name,
-                 family_name(loaded_->model->spec().family), so_.parallel, so_.queue, so_.api_key.empty() ? "" : ", API key required");
+                 family_name(loaded_->model->spec().family), so_.parallel, so_.queue,
+                 so_.api_key.empty() ? "" : ", API key required");
     } catch (const std::exception& e) {
       fmt::print(stderr, "strata: {}\n", e.what());
       svr.stop();
@@ -223,17 +241,20 @@ class Server {
       if (!so_.api_key.empty()) {
         const std::string auth = req.get_header_value("Authorization");
         if (auth != "Bearer " + so_.api_key) {
-          throw HttpError{401, "missing or wrong API key (send 'Authorization: Bearer <key>')", "invalid_request_error", "",
-                          "invalid_api_key"};
+          throw HttpError{401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
+                          "invalid_request_error", "", "invalid_api_key"};
         }
       }
       auto e = engine();
-      if (!e) throw HttpError{503, "the model is still loading; retry shortly", "server_error", "", "model_loading"};
+      if (!e)
+        throw HttpError{503, "the model is still loading; retry shortly", "server_error", "",
+                        "model_loading"};
       f(*e);
     } catch (const HttpError& he) {
       send_error(res, he);
     } catch (const QueueFull& q) {
-      send_error(res, HttpError(429, std::string("server busy: ") + q.what(), "rate_limit_error", "", "queue_full"));
+      send_error(
+          res, HttpError(429, std::string("server busy: ") + q.what(), "rate_limit_error", "", "queue_full"));
     } catch (const Error& se) {
       send_error(res, HttpError(400, se.what()));
     }
@@ -249,12 +270,14 @@ class Server {
     if (!body.is_object()) bad("", "the body must be a JSON object");
     if (body.contains("model") && !body["model"].is_string()) bad("model", "'model' must be a string");
     if (body.contains("n") && !body["n"].is_null()) {
-      if (!body["n"].is_number_integer() || body["n"].get<int64_t>() != 1) bad("n", "only n = 1 is supported");
+      if (!body["n"].is_number_integer() || body["n"].get<int64_t>() != 1)
+        bad("n", "only n = 1 is supported");
     }
     const Tokenizer& tok = eng.assets().require_tokenizer();
     std::vector<int32_t> prompt;
     if (chat) {
-      if (!eng.assets().chat_template) bad("messages", "this model has no chat template; use /v1/completions");
+      if (!eng.assets().chat_template)
+        bad("messages", "this model has no chat template; use /v1/completions");
       if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty()) {
         bad("messages", "'messages' must be a non-empty list of {role, content} objects");
       }
@@ -271,7 +294,8 @@ class Server {
       json extra = json::object();
       if (body.contains("tools") && body["tools"].is_array()) extra["tools"] = body["tools"];
       if (body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()) {
-        for (auto it = body["chat_template_kwargs"].begin(); it != body["chat_template_kwargs"].end(); ++it) extra[it.key()] = *it;
+        for (auto it = body["chat_template_kwargs"].begin(); it != body["chat_template_kwargs"].end(); ++it)
+          extra[it.key()] = *it;
       }
       const std::string text = eng.assets().chat_template->render(msgs, true, extra);
       prompt = tok.encode(text, false);
@@ -306,16 +330,25 @@ class Server {
     const int64_t n_prompt = static_cast<int64_t>(gr.prompt.size());
     auto state = eng.submit(std::move(gr));
     const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
-    const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const int64_t created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     const std::string object = chat ? "chat.completion" : "text_completion";
-    auto usage = [](int64_t p, int64_t c) { return json{{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}}; };
+    auto usage = [](int64_t p, int64_t c) {
+      return json{{"prompt_tokens", p}, {"completion_tokens", c}, {"total_tokens", p + c}};
+    };
     if (!stream) {
       const GenerationResult r = state->wait();
       if (r.finish_reason == "error") throw HttpError(500, r.error, "server_error");
       json choice = {{"index", 0}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
-      if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}};
-      else choice["text"] = r.text;
-      res.set_content(dump(json{{"id", id}, {"object", object}, {"created", created}, {"model", so_.model_name},
+      if (chat)
+        choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+      else
+        choice["text"] = r.text;
+      res.set_content(dump(json{{"id", id},
+                                {"object", object},
+                                {"created", created},
+                                {"model", so_.model_name},
                                 {"choices", json::array({choice})},
                                 {"usage", usage(n_prompt, static_cast<int64_t>(r.ids.size()))}}),
                       "application/json");
@@ -324,9 +357,14 @@ class Server {
     const std::string chunk_object = chat ? "chat.completion.chunk" : "text_completion";
     auto chunk = [=, this](const json& delta_or_text, const json& finish) {
       json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
-      if (chat) choice["delta"] = delta_or_text;
-      else choice["text"] = delta_or_text;
-      return json{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", so_.model_name},
+      if (chat)
+        choice["delta"] = delta_or_text;
+      else
+        choice["text"] = delta_or_text;
+      return json{{"id", id},
+                  {"object", chunk_object},
+                  {"created", created},
+                  {"model", so_.model_name},
                   {"choices", json::array({choice})}};
     };
     res.set_header("Cache-Control", "no-cache");
@@ -363,8 +401,12 @@ class Server {
           } else {
             send(chunk(chat ? json::object() : json(""), r.finish_reason));
             if (include_usage) {
-              send(json{{"id", id}, {"object", chunk_object}, {"created", created}, {"model", so_.model_name},
-                        {"choices", json::array()}, {"usage", usage(n_prompt, static_cast<int64_t>(r.ids.size()))}});
+              send(json{{"id", id},
+                        {"object", chunk_object},
+                        {"created", created},
+                        {"model", so_.model_name},
+                        {"choices", json::array()},
+                        {"usage", usage(n_prompt, static_cast<int64_t>(r.ids.size()))}});
             }
           }
           const std::string done = "data: [DONE]\n\n";
@@ -384,15 +426,22 @@ class Server {
     metric("strata_up", "gauge", "1 when the model is loaded and serving", e ? 1 : 0);
     if (e) {
       const EngineStats s = e->stats();
-      metric("strata_requests_total", "counter", "generation requests accepted", static_cast<double>(s.requests));
-      metric("strata_requests_completed_total", "counter", "requests finished normally", static_cast<double>(s.completed));
-      metric("strata_requests_cancelled_total", "counter", "requests cancelled (client gone)", static_cast<double>(s.cancelled));
-      metric("strata_requests_rejected_total", "counter", "requests refused with 429 (queue full)", static_cast<double>(s.rejected));
-      metric("strata_prompt_tokens_total", "counter", "prompt tokens processed", static_cast<double>(s.prompt_tokens));
-      metric("strata_generated_tokens_total", "counter", "tokens generated", static_cast<double>(s.generated_tokens));
+      metric("strata_requests_total", "counter", "generation requests accepted",
+             static_cast<double>(s.requests));
+      metric("strata_requests_completed_total", "counter", "requests finished normally",
+             static_cast<double>(s.completed));
+      metric("strata_requests_cancelled_total", "counter", "requests cancelled (client gone)",
+             static_cast<double>(s.cancelled));
+      metric("strata_requests_rejected_total", "counter", "requests refused with 429 (queue full)",
+             static_cast<double>(s.rejected));
+      metric("strata_prompt_tokens_total", "counter", "prompt tokens processed",
+             static_cast<double>(s.prompt_tokens));
+      metric("strata_generated_tokens_total", "counter", "tokens generated",
+             static_cast<double>(s.generated_tokens));
       metric("strata_queue_length", "gauge", "requests waiting for a slot", s.queued);
       metric("strata_active_sequences", "gauge", "sequences being decoded", s.active);
-      metric("strata_decode_tokens_per_second", "gauge", "tokens per second of the last batched decode step", s.decode_tok_per_s);
+      metric("strata_decode_tokens_per_second", "gauge", "tokens per second of the last batched decode step",
+             s.decode_tok_per_s);
     }
     res.set_content(out, "text/plain; version=0.0.4");
   }
@@ -403,11 +452,14 @@ class Server {
   std::unique_ptr<Loaded> loaded_;
   std::shared_ptr<Engine> engine_;
   const int64_t created_ =
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
 };
 
 }  // namespace
 
-int cmd_serve(const ModelOptions& o, const GenOptions& g, const ServeOptions& s) { return Server(o, g, s).run(); }
+int cmd_serve(const ModelOptions& o, const GenOptions& g, const ServeOptions& s) {
+  return Server(o, g, s).run();
+}
 
 }  // namespace strata::app

@@ -6,9 +6,9 @@
 //   4. exact (f32-accurate, 3 bf16 parts) vs W4A16 tensor-core paths at 1..512 rows per expert: TFLOP/s, and
 //      where W4A16 starts to pay (the crossover);
 //   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead).
-#include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -135,12 +135,13 @@ struct Group {
 };
 
 // Median kernel ms over `rounds` passes through the groups (each timed once per pass, after a warm-up pass).
-double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<float>& x, int64_t n_x, int64_t hidden,
-                   int rounds) {
+double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<float>& x, int64_t n_x,
+                   int64_t hidden, int rounds) {
   std::vector<double> ms;
   for (int r = 0; r <= rounds; ++r) {
     for (auto& g : gs) {
-      const auto t = b.time_expert_group(x.data(), n_x, hidden, static_cast<int32_t>(g.tasks.size()), g.tasks.data(), 1);
+      const auto t =
+          b.time_expert_group(x.data(), n_x, hidden, static_cast<int32_t>(g.tasks.size()), g.tasks.data(), 1);
       if (r > 0) ms.push_back(t.at(0));
     }
   }
@@ -181,7 +182,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device);
   app.add_option("--rounds", rounds, "timed passes over each suite's groups");
   app.add_flag("--quick", quick, "fewer shapes");
-  app.add_flag("--smoke", smoke, "tiny shapes, one round: checks that the program runs (e.g. on the CPU emulation)");
+  app.add_flag("--smoke", smoke,
+               "tiny shapes, one round: checks that the program runs (e.g. on the CPU emulation)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
@@ -194,11 +196,11 @@ int main(int argc, char** argv) {
     cudaGetDeviceProperties(&prop, device);
     const double peak = 4800;  // GB/s, H200 datasheet
     const double copy = copy_bandwidth_gbs(device, smoke ? size_t{1} << 20 : size_t{2} << 30);
-    fmt::print("device {}: {} (sm_{}{}), {} SMs, {:.1f} GiB, L2 {:.0f} MiB\n", device, prop.name, prop.major, prop.minor,
-               prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
+    fmt::print("device {}: {} (sm_{}{}), {} SMs, {:.1f} GiB, L2 {:.0f} MiB\n", device, prop.name, prop.major,
+               prop.minor, prop.multiProcessorCount, static_cast<double>(prop.totalGlobalMem) / (1 << 30),
                prop.l2CacheSize / 1048576.0);
-    fmt::print("device-to-device copy: {:.0f} GB/s (read + write); datasheet peak used below: {:.0f} GB/s\n", copy,
-               peak);
+    fmt::print("device-to-device copy: {:.0f} GB/s (read + write); datasheet peak used below: {:.0f} GB/s\n",
+               copy, peak);
     CudaBackend b(device);
     std::mt19937 rng(11);
 
@@ -213,9 +215,13 @@ int main(int argc, char** argv) {
       if (quick && dtype == STRATA_DTYPE_Q4_ROW) continue;
       Pool pool;
       make_pool(pool, b, dtype, 8 * layers, H, F, 1000);
-      fmt::print("\nGLM-5.2 layer, {}: 8 experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} layers\n",
-                 dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", F, H, H, F, pool.bytes_per_expert / 1e6, layers);
-      fmt::print("{:<26} {:>5} {:>10} {:>9} {:>10} {:>10}\n", "kernels", "rows", "median us", "GB/s", "% of 4.8TB",
+      fmt::print(
+          "\nGLM-5.2 layer, {}: 8 experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} "
+          "layers\n",
+          dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", F, H, H, F, pool.bytes_per_expert / 1e6,
+          layers);
+      fmt::print("{:<26} {:>5} {:>10} {:>9} {:>10} {:>10}\n", "kernels", "rows", "median us", "GB/s",
+                 "% of 4.8TB",
                  "% of copy");  // copy: the device-to-device copy's read + write rate
       for (bool simt : {false, true}) {
         b.settings().force_simt = simt;
@@ -250,10 +256,12 @@ int main(int argc, char** argv) {
       const int n_exp = smoke ? 16 : 128;
       Pool pool;
       make_pool(pool, b, STRATA_DTYPE_Q4_G64, n_exp, h, f, 5000);
-      fmt::print("\nprojection shape, Q4_G64: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), top-8 at random\n",
-                 n_exp, f, h, h, f, pool.bytes_per_expert / 1e6);
-      fmt::print("{:<22} {:>5} {:>5} {:>10} {:>9} {:>10} {:>9}\n", "path", "n", "used", "median us", "GB/s", "% of 4.8TB",
-                 "TFLOP/s");
+      fmt::print(
+          "\nprojection shape, Q4_G64: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), top-8 at "
+          "random\n",
+          n_exp, f, h, h, f, pool.bytes_per_expert / 1e6);
+      fmt::print("{:<22} {:>5} {:>5} {:>10} {:>9} {:>10} {:>9}\n", "path", "n", "used", "median us", "GB/s",
+                 "% of 4.8TB", "TFLOP/s");
       for (int w4 : {0, 16}) {
         b.settings().w4a16_min_rows = w4;
         for (int n : {1, 4, 32, 512}) {
@@ -284,7 +292,8 @@ int main(int argc, char** argv) {
           }
           const double ms = time_groups(b, gs, x, n, h, rounds);
           const double gbs = used * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
-          const double tflops = 2.0 * 3 * static_cast<double>(f * h) * static_cast<double>(rows_total) / (ms * 1e-3) / 1e12;
+          const double tflops =
+              2.0 * 3 * static_cast<double>(f * h) * static_cast<double>(rows_total) / (ms * 1e-3) / 1e12;
           fmt::print("{:<22} {:>5} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.2f}\n",
                      w4 ? "W4A16 (>=16 rows)" : "exact", n, used, ms * 1e3, gbs, 100 * gbs / peak, tflops);
         }
@@ -292,19 +301,21 @@ int main(int argc, char** argv) {
       b.settings().w4a16_min_rows = 0;
     }
 
-    // ---- 4. exact vs W4A16 at 1..512 rows per expert, GLM-5.2 layer (one layer, warm after the first pass) ----
+    // ---- 4. exact vs W4A16 at 1..512 rows per expert, GLM-5.2 layer (one layer, warm after the first pass)
+    // ----
     {
       Pool pool;
       make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8, H, F, 9000);
       const double floor_ms = 8 * pool.bytes_per_expert / (peak * 1e9) * 1e3;
-      fmt::print("\nexact vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; memory floor {:.1f} us\n",
-                 floor_ms * 1e3);
+      fmt::print(
+          "\nexact vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; memory floor {:.1f} us\n",
+          floor_ms * 1e3);
       fmt::print("{:>5} {:>12} {:>9} {:>12} {:>9} {:>8}\n", "R", "exact us", "TFLOP/s", "W4A16 us", "TFLOP/s",
                  "speedup");
       int crossover = 0;
-      const std::vector<int> rs = smoke ? std::vector<int>{1, 16, 40}
+      const std::vector<int> rs = smoke   ? std::vector<int>{1, 16, 40}
                                   : quick ? std::vector<int>{1, 4, 16, 64, 256}
-                                        : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+                                          : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
       for (int R : rs) {
         std::vector<float> x(static_cast<size_t>(R * H));
         std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -325,11 +336,13 @@ int main(int argc, char** argv) {
         b.settings().w4a16_min_rows = 0;
         if (crossover == 0 && ms_w4 < 0.95 * ms_exact) crossover = R;
         fmt::print("{:>5} {:>12.1f} {:>9.2f} {:>12.1f} {:>9.2f} {:>7.2f}x\n", R, ms_exact * 1e3,
-                   flop / (ms_exact * 1e-3) / 1e12, ms_w4 * 1e3, flop / (ms_w4 * 1e-3) / 1e12, ms_exact / ms_w4);
+                   flop / (ms_exact * 1e-3) / 1e12, ms_w4 * 1e3, flop / (ms_w4 * 1e-3) / 1e12,
+                   ms_exact / ms_w4);
       }
       if (crossover > 0) {
-        fmt::print("W4A16 is >5% faster than the exact path from {} rows per expert (STRATA_CUDA_W4A16_MIN_ROWS)\n",
-                   crossover);
+        fmt::print(
+            "W4A16 is >5% faster than the exact path from {} rows per expert (STRATA_CUDA_W4A16_MIN_ROWS)\n",
+            crossover);
       } else {
         fmt::print("W4A16 is never >5% faster here\n");
       }
@@ -355,7 +368,8 @@ int main(int argc, char** argv) {
           strata_group* handle = b.issue(x.data(), 1, h, n_tasks, g.tasks.data());
           b.take(handle);
           if (i >= iters / 10) {
-            t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+            t.push_back(
+                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
           }
         }
         return median(t);
@@ -363,8 +377,11 @@ int main(int argc, char** argv) {
       const double full = wall_us(8), empty = wall_us(0);
       const auto k = b.time_expert_group(x.data(), 1, h, 8, g.tasks.data(), iters / 4);
       std::vector<double> kd(k.begin() + 1, k.end());
-      fmt::print("\nissue -> take, 8 experts of {}x{} Q4_G64 x 1 row (resident): {:.1f} us wall (kernels {:.1f} us); "
-                 "empty group: {:.1f} us\n", f, h, full, median(kd) * 1e3, empty);
+      fmt::print(
+          "\nissue -> take, 8 experts of {}x{} Q4_G64 x 1 row (resident): {:.1f} us wall (kernels {:.1f} "
+          "us); "
+          "empty group: {:.1f} us\n",
+          f, h, full, median(kd) * 1e3, empty);
     }
   } catch (const strata_cuda::Failure& e) {
     fmt::print("bench_cuda failed: {}\n", e.what());

@@ -1,6 +1,6 @@
 // End-to-end benchmark: prefill and decode tokens/s of a model folder on the chosen backends (medians).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "bench_util.hpp"
 #include "strata/model.hpp"
@@ -31,18 +31,21 @@ int main(int argc, char** argv) {
   });
   Session base(model, threads);
   base.forward(ids, false);
-  const double dec = bench::median_seconds(reps, [&] {
-    Session s(model, threads);
-    s.forward(ids, false);
-    int32_t t = 1;
-    for (int i = 0; i < decode; ++i) {
-      auto l = s.forward(std::span<const int32_t>(&t, 1), false);
-      t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    }
-  }) - pre;
+  const double dec =
+      bench::median_seconds(reps,
+                            [&] {
+                              Session s(model, threads);
+                              s.forward(ids, false);
+                              int32_t t = 1;
+                              for (int i = 0; i < decode; ++i) {
+                                auto l = s.forward(std::span<const int32_t>(&t, 1), false);
+                                t = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+                              }
+                            }) -
+      pre;
   const auto pc = model->param_counts();
-  fmt::print("model {} ({}), dense={} experts={}\n", model_dir, family_name(spec.family), model->backends().dense->name(),
-             model->backends().experts.front()->name());
+  fmt::print("model {} ({}), dense={} experts={}\n", model_dir, family_name(spec.family),
+             model->backends().dense->name(), model->backends().experts.front()->name());
   fmt::print("parameters: {} dense + {} routed\n", pc.dense, pc.routed);
   fmt::print("prefill: {} tokens in {:.2f} ms median = {:.1f} tok/s\n", prompt, pre * 1e3, prompt / pre);
   fmt::print("decode:  {} tokens in {:.2f} ms median = {:.1f} tok/s\n", decode, dec * 1e3, decode / dec);

@@ -1,10 +1,10 @@
-// Kernel benchmark: the fused expert MLP (and one dense matmul) of every CPU plugin, in GB/s of weight bytes read,
-// against the read bandwidth measured in the same run. Two suites: a GLM-5.2 routed-expert layer (hidden 6144,
-// width 2048, 8 experts, 1/2/4 rows each) and the projection shape other MoE benchmarks use (128 experts of
-// 768 × 2048, top-8, n = 1/4/32/512 tokens routed at random), cache-warm and cold.
-#include <CLI/CLI.hpp>
+// Kernel benchmark: the fused expert MLP (and one dense matmul) of every CPU plugin, in GB/s of weight bytes
+// read, against the read bandwidth measured in the same run. Two suites: a GLM-5.2 routed-expert layer
+// (hidden 6144, width 2048, 8 experts, 1/2/4 rows each) and the projection shape other MoE benchmarks use
+// (128 experts of 768 × 2048, top-8, n = 1/4/32/512 tokens routed at random), cache-warm and cold.
 #include <fmt/format.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -21,8 +21,8 @@ using namespace strata;
 namespace {
 
 struct Pool {
-  std::vector<QuantizedMatrix> q;          // int4 storage
-  std::vector<std::vector<uint16_t>> bf;   // bf16 storage
+  std::vector<QuantizedMatrix> q;         // int4 storage
+  std::vector<std::vector<uint16_t>> bf;  // bf16 storage
   std::vector<ExpertMatrices> experts;
   double bytes_per_expert = 0;
 };
@@ -51,7 +51,8 @@ Pool make_pool(WeightFormat f, int n, int64_t hidden, int64_t ffn) {
   p.bf.reserve(static_cast<size_t>(3 * n));
   std::mt19937 rng(7);
   for (int e = 0; e < n; ++e) {
-    ExpertMatrices m{make(p, f, ffn, hidden, rng), make(p, f, ffn, hidden, rng), make(p, f, hidden, ffn, rng)};
+    ExpertMatrices m{make(p, f, ffn, hidden, rng), make(p, f, ffn, hidden, rng),
+                     make(p, f, hidden, ffn, rng)};
     p.experts.push_back(m);
   }
   const auto& e = p.experts[0];
@@ -97,7 +98,8 @@ int main(int argc, char** argv) {
   std::string format = "q4_g64", only;
   int reps = 7, threads = 0;
   bool skip_projection = false;
-  app.add_option("--format", format, "weight format: q4_g64, q4_row or bf16")->check(CLI::IsMember({"q4_g64", "q4_row", "bf16"}));
+  app.add_option("--format", format, "weight format: q4_g64, q4_row or bf16")
+      ->check(CLI::IsMember({"q4_g64", "q4_row", "bf16"}));
   app.add_option("--plugin", only, "only this plugin");
   app.add_option("--reps", reps);
   app.add_option("--threads", threads, "0 = all");
@@ -108,21 +110,27 @@ int main(int argc, char** argv) {
   const double bw = bench::measured_read_bandwidth_gbs(threads);
   const long llc = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
   fmt::print("measured read bandwidth: {:.1f} GB/s; last-level cache {:.0f} MiB; {} threads; format {}\n", bw,
-             llc / 1048576.0, threads == 0 ? std::thread::hardware_concurrency() : static_cast<unsigned>(threads),
-             format);
+             llc / 1048576.0,
+             threads == 0 ? std::thread::hardware_concurrency() : static_cast<unsigned>(threads), format);
   PluginRegistry reg(plugin_search_path({}));
   std::mt19937 rng(3);
 
-  // Suite 1: one GLM-5.2 layer's routed work: 8 experts, the same rows routed to each. Runs rotate over enough
-  // layers' worth of distinct experts to exceed 2.5x the last-level cache, so every run reads from memory.
+  // Suite 1: one GLM-5.2 layer's routed work: 8 experts, the same rows routed to each. Runs rotate over
+  // enough layers' worth of distinct experts to exceed 2.5x the last-level cache, so every run reads from
+  // memory.
   {
     const int64_t hidden = 6144, ffn = 2048;
-    const double per_layer = 8.0 * 3 * static_cast<double>(ffn * hidden) * (f == WeightFormat::BF16 ? 2.0 : 0.53);
-    const int layers = std::max(3, static_cast<int>(2.5 * static_cast<double>(std::max(llc, 0L)) / per_layer) + 1);
+    const double per_layer =
+        8.0 * 3 * static_cast<double>(ffn * hidden) * (f == WeightFormat::BF16 ? 2.0 : 0.53);
+    const int layers =
+        std::max(3, static_cast<int>(2.5 * static_cast<double>(std::max(llc, 0L)) / per_layer) + 1);
     Pool pool = make_pool(f, 8 * layers, hidden, ffn);
-    fmt::print("\nGLM-5.2 expert layer: 8 experts of gate/up {}x{}, down {}x{}; {:.1f} MB per expert; cold (rotating "
-               "over {} layers, {:.0f} MB)\n", ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6, layers,
-               8 * layers * pool.bytes_per_expert / 1e6);
+    fmt::print(
+        "\nGLM-5.2 expert layer: 8 experts of gate/up {}x{}, down {}x{}; {:.1f} MB per expert; cold "
+        "(rotating "
+        "over {} layers, {:.0f} MB)\n",
+        ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6, layers,
+        8 * layers * pool.bytes_per_expert / 1e6);
     fmt::print("{:<12} {:>5} {:>11} {:>9} {:>8}\n", "plugin", "rows", "median ms", "GB/s", "% of bw");
     for (const auto* p : reg.ranked()) {
       if (!only.empty() && p->name != only) continue;
@@ -145,35 +153,43 @@ int main(int argc, char** argv) {
           const Layer& l = ls[static_cast<size_t>(next++ % layers)];
           std::vector<ExpertTask> tasks;
           for (size_t e = 0; e < l.rows.size(); ++e) {
-            if (!l.rows[e].empty()) tasks.push_back({&pool.experts[e], l.rows[e], out.data() + e * rows * hidden});
+            if (!l.rows[e].empty())
+              tasks.push_back({&pool.experts[e], l.rows[e], out.data() + e * rows * hidden});
           }
           b->expert_group(xin.data(), rows, hidden, tasks);
         });
         const double gbs = 8 * pool.bytes_per_expert / s / 1e9;
-        fmt::print("{:<12} {:>5} {:>11.3f} {:>9.1f} {:>7.1f}%\n", p->name, rows, s * 1e3, gbs, 100 * gbs / bw);
+        fmt::print("{:<12} {:>5} {:>11.3f} {:>9.1f} {:>7.1f}%\n", p->name, rows, s * 1e3, gbs,
+                   100 * gbs / bw);
       }
     }
   }
   if (skip_projection) return 0;
-  // Suite 2: 128 experts of 768 x 2048, top-8 of n tokens at random. Warm: always the same 8-expert span (n = 1)
-  // or the whole pool, which fits the cache; cold: rotating over 4 pools so every run reads from memory.
+  // Suite 2: 128 experts of 768 x 2048, top-8 of n tokens at random. Warm: always the same 8-expert span (n =
+  // 1) or the whole pool, which fits the cache; cold: rotating over 4 pools so every run reads from memory.
   {
     const int64_t hidden = 2048, ffn = 768;
     const int n_exp = 128;
-    const double pool_bytes = n_exp * 3.0 * static_cast<double>(ffn * hidden) * (f == WeightFormat::BF16 ? 2.0 : 0.53);
-    const int pools = std::max(2, static_cast<int>(2.5 * static_cast<double>(std::max(llc, 0L)) / pool_bytes) + 1);
+    const double pool_bytes =
+        n_exp * 3.0 * static_cast<double>(ffn * hidden) * (f == WeightFormat::BF16 ? 2.0 : 0.53);
+    const int pools =
+        std::max(2, static_cast<int>(2.5 * static_cast<double>(std::max(llc, 0L)) / pool_bytes) + 1);
     Pool pool = make_pool(f, n_exp * pools, hidden, ffn);
-    fmt::print("\nprojection shape: {} experts of {}x{} (gate/up) + {}x{} (down), top-8; {:.2f} MB per expert; cold "
-               "rotates over {} pools ({:.0f} MB)\n", n_exp, ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6, pools,
-               pools * n_exp * pool.bytes_per_expert / 1e6);
-    fmt::print("{:<12} {:>5} {:>5} {:>8} {:>11} {:>9} {:>8}\n", "plugin", "n", "used", "cache", "median ms", "GB/s", "% of bw");
+    fmt::print(
+        "\nprojection shape: {} experts of {}x{} (gate/up) + {}x{} (down), top-8; {:.2f} MB per expert; cold "
+        "rotates over {} pools ({:.0f} MB)\n",
+        n_exp, ffn, hidden, hidden, ffn, pool.bytes_per_expert / 1e6, pools,
+        pools * n_exp * pool.bytes_per_expert / 1e6);
+    fmt::print("{:<12} {:>5} {:>5} {:>8} {:>11} {:>9} {:>8}\n", "plugin", "n", "used", "cache", "median ms",
+               "GB/s", "% of bw");
     for (const auto* p : reg.ranked()) {
       if (!only.empty() && p->name != only) continue;
       auto b = reg.create(*p, threads);
       for (int n : {1, 4, 32, 512}) {
         for (bool cold : {false, true}) {
           std::vector<Layer> ls;
-          for (int k = 0; k < (cold ? pools : 1); ++k) ls.push_back(route(n, 8, k * n_exp, n_exp, rng, n_exp * pools));
+          for (int k = 0; k < (cold ? pools : 1); ++k)
+            ls.push_back(route(n, 8, k * n_exp, n_exp, rng, n_exp * pools));
           int next = 0;
           std::vector<float> x(static_cast<size_t>(n) * hidden, 0.01f);
           std::vector<std::vector<float>> outs(static_cast<size_t>(n_exp * pools));

@@ -18,13 +18,16 @@
 namespace strata::test {
 namespace fs = std::filesystem;
 
-inline fs::path fixtures_dir() { return fs::path(STRATA_FIXTURES_DIR); }
+inline fs::path fixtures_dir() {
+  return fs::path(STRATA_FIXTURES_DIR);
+}
 
 // Model fixture folders (those with expected.safetensors), sorted.
 inline std::vector<fs::path> model_fixtures() {
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(fixtures_dir())) {
-    if (fs::exists(e.path() / "expected.safetensors") && fs::exists(e.path() / "config.json")) out.push_back(e.path());
+    if (fs::exists(e.path() / "expected.safetensors") && fs::exists(e.path() / "config.json"))
+      out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;

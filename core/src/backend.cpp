@@ -16,22 +16,31 @@ static_assert(static_cast<int>(WeightFormat::Q4_G64) == STRATA_DTYPE_Q4_G64);
 
 std::string_view weight_format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::F32: return "F32";
-    case WeightFormat::BF16: return "BF16";
-    case WeightFormat::F16: return "F16";
-    case WeightFormat::Q4_ROW: return "Q4_ROW";
-    case WeightFormat::Q4_G64: return "Q4_G64";
+    case WeightFormat::F32:
+      return "F32";
+    case WeightFormat::BF16:
+      return "BF16";
+    case WeightFormat::F16:
+      return "F16";
+    case WeightFormat::Q4_ROW:
+      return "Q4_ROW";
+    case WeightFormat::Q4_G64:
+      return "Q4_G64";
   }
   return "?";
 }
 
 size_t Matrix::bytes() const {
   switch (format) {
-    case WeightFormat::F32: return static_cast<size_t>(rows * cols * 4);
+    case WeightFormat::F32:
+      return static_cast<size_t>(rows * cols * 4);
     case WeightFormat::BF16:
-    case WeightFormat::F16: return static_cast<size_t>(rows * cols * 2);
-    case WeightFormat::Q4_ROW: return static_cast<size_t>(rows * ((cols + 1) / 2) + rows * 4);
-    case WeightFormat::Q4_G64: return static_cast<size_t>(rows * ((cols + 1) / 2) + rows * ((cols + 63) / 64) * 4);
+    case WeightFormat::F16:
+      return static_cast<size_t>(rows * cols * 2);
+    case WeightFormat::Q4_ROW:
+      return static_cast<size_t>(rows * ((cols + 1) / 2) + rows * 4);
+    case WeightFormat::Q4_G64:
+      return static_cast<size_t>(rows * ((cols + 1) / 2) + rows * ((cols + 63) / 64) * 4);
   }
   return 0;
 }
@@ -78,14 +87,17 @@ Backend::~Backend() {
   if (handle_ != nullptr) vt_->destroy(handle_);
 }
 
-std::string_view Backend::name() const { return vt_->name; }
+std::string_view Backend::name() const {
+  return vt_->name;
+}
 
 bool Backend::supports_matmul(WeightFormat f) const {
   return vt_->supports_matmul != nullptr && vt_->supports_matmul(handle_, static_cast<int32_t>(f)) != 0;
 }
 
 bool Backend::supports_expert_group(WeightFormat f) const {
-  return vt_->supports_expert_group != nullptr && vt_->supports_expert_group(handle_, static_cast<int32_t>(f)) != 0;
+  return vt_->supports_expert_group != nullptr &&
+         vt_->supports_expert_group(handle_, static_cast<int32_t>(f)) != 0;
 }
 
 void Backend::raise(int status, std::string_view op) const {
@@ -100,8 +112,10 @@ void Backend::matmul(const Matrix& w, const float* x, int64_t n_x_rows, float* y
   if (s != STRATA_OK) raise(s, "matmul");
 }
 
-void Backend::expert_group(const float* x, int64_t n_x_rows, int64_t hidden, std::span<const ExpertTask> tasks) const {
-  if (vt_->expert_group == nullptr) fail("backend", "{}: expert_group is not offered by this plugin", vt_->name);
+void Backend::expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
+                           std::span<const ExpertTask> tasks) const {
+  if (vt_->expert_group == nullptr)
+    fail("backend", "{}: expert_group is not offered by this plugin", vt_->name);
   CTasks c(tasks);
   const strata_status s =
       vt_->expert_group(handle_, x, n_x_rows, hidden, static_cast<int32_t>(c.tasks.size()), c.tasks.data());
@@ -153,12 +167,14 @@ bool Backend::has_async() const {
          STRATA_PLUGIN_HAS_SLOT(vt_, expert_group_discard);
 }
 
-PendingGroup Backend::issue(const float* x, int64_t n_x_rows, int64_t hidden, std::span<const ExpertTask> tasks) const {
-  if (!has_async()) fail("backend", "{}: asynchronous expert groups are not offered by this plugin", vt_->name);
+PendingGroup Backend::issue(const float* x, int64_t n_x_rows, int64_t hidden,
+                            std::span<const ExpertTask> tasks) const {
+  if (!has_async())
+    fail("backend", "{}: asynchronous expert groups are not offered by this plugin", vt_->name);
   CTasks c(tasks);
   strata_group* h = nullptr;
-  const strata_status s = vt_->expert_group_issue(handle_, x, n_x_rows, hidden, static_cast<int32_t>(c.tasks.size()),
-                                                  c.tasks.data(), &h);
+  const strata_status s = vt_->expert_group_issue(handle_, x, n_x_rows, hidden,
+                                                  static_cast<int32_t>(c.tasks.size()), c.tasks.data(), &h);
   if (s != STRATA_OK) raise(s, "expert_group_issue");
   PendingGroup g;
   g.owner_ = this;

@@ -1,10 +1,12 @@
-// strata convert: Hugging Face checkpoint → strata int4 container, streamed, atomic and resumable (docs/convert.md).
+// strata convert: Hugging Face checkpoint → strata int4 container, streamed, atomic and resumable
+// (docs/convert.md).
 //
-// The whole output is planned from the input headers before a byte is converted: every input tensor becomes an
-// item (a routed expert's three matrices are one item), items are ordered by where their last piece lies in the
-// input (input shard, then data offset), and packed greedily into output shards of about --shard-size-mb. The
-// plan is deterministic, so an interrupted run is resumed by re-planning and skipping the output shards the
-// journal records as written and intact; the result is byte-identical to an uninterrupted run.
+// The whole output is planned from the input headers before a byte is converted: every input tensor becomes
+// an item (a routed expert's three matrices are one item), items are ordered by where their last piece lies
+// in the input (input shard, then data offset), and packed greedily into output shards of about
+// --shard-size-mb. The plan is deterministic, so an interrupted run is resumed by re-planning and skipping
+// the output shards the journal records as written and intact; the result is byte-identical to an
+// uninterrupted run.
 #include "strata/convert.hpp"
 
 #include <fcntl.h>
@@ -84,9 +86,13 @@ uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
   return h;
 }
 
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string hex64(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
 
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 
 std::string read_file_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -135,14 +141,20 @@ std::optional<std::pair<std::string, int>> parse_expert(const std::string& name)
   if (p == digits || p >= name.size() || name[p] != '.') return std::nullopt;
   const std::string_view rest = std::string_view(name).substr(p + 1);
   int proj = -1;
-  if (rest == "gate_proj.weight") proj = 0;
-  else if (rest == "up_proj.weight") proj = 1;
-  else if (rest == "down_proj.weight") proj = 2;
-  else return std::nullopt;
+  if (rest == "gate_proj.weight")
+    proj = 0;
+  else if (rest == "up_proj.weight")
+    proj = 1;
+  else if (rest == "down_proj.weight")
+    proj = 2;
+  else
+    return std::nullopt;
   return std::make_pair(name.substr(0, p), proj);
 }
 
-bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
+bool is_float(DType t) {
+  return t == DType::F32 || t == DType::BF16 || t == DType::F16;
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // The plan
@@ -216,9 +228,10 @@ void out_tensors_of(const Conv& c, std::vector<OutTensor>& outs) {
     case OutKind::Q4: {
       const int64_t rb = q4_row_bytes(c.cols), ng = q4_scales_per_row(c.q4, c.cols);
       outs.push_back({c.name, DType::U8, {c.rows, rb}, static_cast<uint64_t>(c.rows * rb)});
-      std::vector<int64_t> qs_shape = c.q4 == WeightFormat::Q4_G64 ? std::vector<int64_t>{c.rows, ng}
-                                                                    : std::vector<int64_t>{c.rows};
-      outs.push_back({c.name + ".qs", DType::F32, std::move(qs_shape), static_cast<uint64_t>(c.rows * ng) * 4});
+      std::vector<int64_t> qs_shape =
+          c.q4 == WeightFormat::Q4_G64 ? std::vector<int64_t>{c.rows, ng} : std::vector<int64_t>{c.rows};
+      outs.push_back(
+          {c.name + ".qs", DType::F32, std::move(qs_shape), static_cast<uint64_t>(c.rows * ng) * 4});
       return;
     }
   }
@@ -229,7 +242,9 @@ std::string header_of(const std::vector<const OutTensor*>& ts) {
   h["__metadata__"] = {{"format", "pt"}};
   uint64_t off = 0;
   for (const OutTensor* t : ts) {
-    h[t->name] = {{"dtype", std::string(dtype_name(t->dtype))}, {"shape", t->shape}, {"data_offsets", {off, off + t->nbytes}}};
+    h[t->name] = {{"dtype", std::string(dtype_name(t->dtype))},
+                  {"shape", t->shape},
+                  {"data_offsets", {off, off + t->nbytes}}};
     off += t->nbytes;
   }
   std::string s = h.dump();
@@ -246,8 +261,9 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
   std::set<const SafetensorsFile*> uniq;
   for (const auto& [name, ref] : set.all()) uniq.insert(ref.file);
   plan.files.assign(uniq.begin(), uniq.end());
-  std::sort(plan.files.begin(), plan.files.end(),
-            [](const SafetensorsFile* a, const SafetensorsFile* b) { return a->path().filename() < b->path().filename(); });
+  std::sort(plan.files.begin(), plan.files.end(), [](const SafetensorsFile* a, const SafetensorsFile* b) {
+    return a->path().filename() < b->path().filename();
+  });
   std::map<const SafetensorsFile*, size_t> shard_of;
   for (size_t i = 0; i < plan.files.size(); ++i) shard_of[plan.files[i]] = i;
   auto pos_of = [&](const TensorRef& r) { return std::make_pair(shard_of.at(r.file), r.info->offset); };
@@ -259,7 +275,8 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
     const std::string wname = name.substr(0, name.size() - std::strlen(kScaleSuffix));
     const auto w = set.find(wname);
     if (!w) {
-      fail(kComp, "{}: block-scale tensor '{}' has no weight '{}' in the checkpoint", where(ref), name, wname);
+      fail(kComp, "{}: block-scale tensor '{}' has no weight '{}' in the checkpoint", where(ref), name,
+           wname);
     }
     if (w->info->dtype != DType::F8_E4M3) {
       fail(kComp, "{}: tensor '{}' is {} but has a block scale '{}' (only F8_E4M3 weights take _scale_inv)",
@@ -278,21 +295,27 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
       const std::string sname = name + kScaleSuffix;
       const auto sc = set.find(sname);
       if (t.shape.size() != 2) {
-        fail(kComp, "{}: FP8 tensor '{}' has shape {}; F8_E4M3 is supported only for 2-D weights with 128x128 "
-             "block scales", where(ref), name, t.shape_str());
+        fail(kComp,
+             "{}: FP8 tensor '{}' has shape {}; F8_E4M3 is supported only for 2-D weights with 128x128 "
+             "block scales",
+             where(ref), name, t.shape_str());
       }
-      const int64_t so = (t.shape[0] + kFp8Block - 1) / kFp8Block, si = (t.shape[1] + kFp8Block - 1) / kFp8Block;
+      const int64_t so = (t.shape[0] + kFp8Block - 1) / kFp8Block,
+                    si = (t.shape[1] + kFp8Block - 1) / kFp8Block;
       if (!sc) {
-        fail(kComp, "{}: FP8 (F8_E4M3) weight '{}' {} has no block-scale tensor '{}' (expected F32 [{}, {}], "
-             "as DeepSeek-V3 / GLM-5 FP8 checkpoints ship)", where(ref), name, t.shape_str(), sname, so, si);
+        fail(kComp,
+             "{}: FP8 (F8_E4M3) weight '{}' {} has no block-scale tensor '{}' (expected F32 [{}, {}], "
+             "as DeepSeek-V3 / GLM-5 FP8 checkpoints ship)",
+             where(ref), name, t.shape_str(), sname, so, si);
       }
       if (!is_float(sc->info->dtype) || sc->info->shape != std::vector<int64_t>{so, si}) {
-        fail(kComp, "{}: block scale '{}' is {} {}, expected F32 [{}, {}] for the FP8 weight {}", where(*sc), sname,
-             dtype_name(sc->info->dtype), sc->info->shape_str(), so, si, t.shape_str());
+        fail(kComp, "{}: block scale '{}' is {} {}, expected F32 [{}, {}] for the FP8 weight {}", where(*sc),
+             sname, dtype_name(sc->info->dtype), sc->info->shape_str(), so, si, t.shape_str());
       }
       src.scale = *sc;
     } else if (!is_float(t.dtype)) {
-      fail(kComp, "{}: tensor '{}' has dtype {}; expected BF16, F16, F32, or F8_E4M3 with a '{}{}' block scale",
+      fail(kComp,
+           "{}: tensor '{}' has dtype {}; expected BF16, F16, F32, or F8_E4M3 with a '{}{}' block scale",
            where(ref), name, dtype_name(t.dtype), name, kScaleSuffix);
     }
     Conv c;
@@ -304,36 +327,49 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
     switch (role) {
       case TensorRole::RoutedExpert: {
         if (t.shape.size() != 2) {
-          fail(kComp, "{}: routed expert weight '{}' has shape {}, expected a 2-D matrix", where(ref), name, t.shape_str());
+          fail(kComp, "{}: routed expert weight '{}' has shape {}, expected a 2-D matrix", where(ref), name,
+               t.shape_str());
         }
         const auto e = parse_expert(name);
         const bool down = e->second == 2;
         const std::vector<int64_t> want = down ? std::vector<int64_t>{spec.hidden, spec.moe_intermediate}
                                                : std::vector<int64_t>{spec.moe_intermediate, spec.hidden};
         if (t.shape != want) {
-          fail(kComp, "{}: routed expert weight '{}' has shape {}, expected {} (config.json hidden_size {}, "
-               "moe_intermediate_size {})", where(ref), name, t.shape_str(), shape_str(want), spec.hidden,
-               spec.moe_intermediate);
+          fail(kComp,
+               "{}: routed expert weight '{}' has shape {}, expected {} (config.json hidden_size {}, "
+               "moe_intermediate_size {})",
+               where(ref), name, t.shape_str(), shape_str(want), spec.hidden, spec.moe_intermediate);
         }
         c.kind = OutKind::Q4;
         c.q4 = o.experts;
         experts[e->first][static_cast<size_t>(e->second)] = std::move(c);
         continue;
       }
-      case TensorRole::F32: c.kind = t.dtype == DType::F32 ? OutKind::Copy : OutKind::F32; break;
-      case TensorRole::KeepFloat: c.kind = fp8 ? OutKind::BF16 : OutKind::Copy; break;
+      case TensorRole::F32:
+        c.kind = t.dtype == DType::F32 ? OutKind::Copy : OutKind::F32;
+        break;
+      case TensorRole::KeepFloat:
+        c.kind = fp8 ? OutKind::BF16 : OutKind::Copy;
+        break;
       case TensorRole::Dense2D:
         switch (o.dense) {
-          case DenseFormat::Keep: c.kind = fp8 ? OutKind::BF16 : OutKind::Copy; break;
-          case DenseFormat::BF16: c.kind = t.dtype == DType::BF16 ? OutKind::Copy : OutKind::BF16; break;
+          case DenseFormat::Keep:
+            c.kind = fp8 ? OutKind::BF16 : OutKind::Copy;
+            break;
+          case DenseFormat::BF16:
+            c.kind = t.dtype == DType::BF16 ? OutKind::Copy : OutKind::BF16;
+            break;
           case DenseFormat::Q4_G64:
             c.kind = OutKind::Q4;
             c.q4 = WeightFormat::Q4_G64;
             break;
         }
         break;
-      case TensorRole::Other: c.kind = OutKind::Copy; break;
-      case TensorRole::ScaleInv: break;
+      case TensorRole::Other:
+        c.kind = OutKind::Copy;
+        break;
+      case TensorRole::ScaleInv:
+        break;
     }
     Item it;
     it.convs.push_back(std::move(c));
@@ -349,8 +385,10 @@ Plan make_plan(const ConvertOptions& o, const SafetensorsSet& set, const ModelSp
         for (size_t q = 0; q < 3; ++q) {
           if (parts[q]) have += (have.empty() ? "" : ", ") + std::string(kProj[q]);
         }
-        fail(kComp, "{}: routed expert '{}' has {} but no '{}.{}.weight' (each expert needs gate_proj, up_proj and "
-             "down_proj)", set.dir().string(), key, have, key, kProj[p]);
+        fail(kComp,
+             "{}: routed expert '{}' has {} but no '{}.{}.weight' (each expert needs gate_proj, up_proj and "
+             "down_proj)",
+             set.dir().string(), key, have, key, kProj[p]);
       }
       it.convs.push_back(std::move(*parts[p]));
     }
@@ -429,7 +467,9 @@ void source_rows_f32(const Conv& c, const std::vector<float>& scales, int64_t r0
   const int64_t cols = c.cols;
   const int64_t b = r0 * cols, e = r1 * cols;
   switch (t.dtype) {
-    case DType::F32: std::memcpy(out, p + b * 4, static_cast<size_t>(e - b) * 4); return;
+    case DType::F32:
+      std::memcpy(out, p + b * 4, static_cast<size_t>(e - b) * 4);
+      return;
     case DType::BF16:
       for (int64_t i = b; i < e; ++i) {
         uint16_t h;
@@ -456,7 +496,8 @@ void source_rows_f32(const Conv& c, const std::vector<float>& scales, int64_t r0
       }
       return;
     }
-    default: STRATA_CHECK(false);
+    default:
+      STRATA_CHECK(false);
   }
 }
 
@@ -480,7 +521,9 @@ std::vector<float> scales_f32(const Conv& c) {
 
 constexpr int64_t kRowChunkElems = 1 << 20;
 
-int64_t rows_per_chunk(int64_t cols) { return std::max<int64_t>(1, kRowChunkElems / std::max<int64_t>(cols, 1)); }
+int64_t rows_per_chunk(int64_t cols) {
+  return std::max<int64_t>(1, kRowChunkElems / std::max<int64_t>(cols, 1));
+}
 
 // Converted bytes of one Conv: one buffer per output tensor (none for Copy).
 std::vector<std::vector<std::byte>> convert_one(const Conv& c) {
@@ -526,7 +569,8 @@ std::vector<std::vector<std::byte>> convert_one(const Conv& c) {
 // ---------------------------------------------------------------------------------------------------------------
 // Output files
 
-// A file written through a temporary beside it, fsynced and renamed into place on commit(); removed otherwise.
+// A file written through a temporary beside it, fsynced and renamed into place on commit(); removed
+// otherwise.
 class ShardFile {
  public:
   explicit ShardFile(fs::path path) : path_(std::move(path)) {
@@ -589,7 +633,8 @@ class ShardFile {
       const ssize_t w = ::write(fd_, p + done, n - done);
       if (w < 0) {
         if (errno == EINTR) continue;
-        fail(kComp, "{}: write failed after {} bytes: {}", path_.string(), written_ + done, std::strerror(errno));
+        fail(kComp, "{}: write failed after {} bytes: {}", path_.string(), written_ + done,
+             std::strerror(errno));
       }
       done += static_cast<size_t>(w);
     }
@@ -613,7 +658,8 @@ class DirLock {
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;
       ::close(fd_);
-      if (e == EWOULDBLOCK) fail(kComp, "{} is being written by another strata convert; wait for it to finish", dir.string());
+      if (e == EWOULDBLOCK)
+        fail(kComp, "{} is being written by another strata convert; wait for it to finish", dir.string());
       fail(kComp, "{}: cannot lock: {}", dir.string(), std::strerror(e));
     }
   }
@@ -625,15 +671,18 @@ class DirLock {
   int fd_ = -1;
 };
 
-bool is_temp_name(const std::string& n) { return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos; }
+bool is_temp_name(const std::string& n) {
+  return n.size() > 1 && n[0] == '.' && n.find(".tmp.") != std::string::npos;
+}
 
 // Files of the input folder copied verbatim: everything but the weights (safetensors, their index, other
 // weight formats), config.json (rewritten), hidden files, and folders.
 bool copied_verbatim(const std::string& n) {
   if (n.empty() || n[0] == '.') return false;
   if (n == "config.json" || n == kIndex || n == kManifest || n == kJournal) return false;
-  static constexpr const char* kWeights[] = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack",
-                                             ".gguf", ".bin.index.json", ".safetensors.index.json"};
+  static constexpr const char* kWeights[] = {
+      ".safetensors",           ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".bin.index.json",
+      ".safetensors.index.json"};
   for (const char* e : kWeights) {
     if (n.ends_with(e)) return false;
   }
@@ -651,12 +700,16 @@ json input_identity(const Plan& plan, const fs::path& in) {
   json files = json::array();
   for (const SafetensorsFile* f : plan.files) {
     struct stat st {};
-    if (::stat(f->path().c_str(), &st) != 0) fail(kComp, "{}: cannot stat: {}", f->path().string(), std::strerror(errno));
+    if (::stat(f->path().c_str(), &st) != 0)
+      fail(kComp, "{}: cannot stat: {}", f->path().string(), std::strerror(errno));
     const int64_t mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    files.push_back({{"name", f->path().filename().string()}, {"size", static_cast<uint64_t>(st.st_size)},
+    files.push_back({{"name", f->path().filename().string()},
+                     {"size", static_cast<uint64_t>(st.st_size)},
                      {"mtime_ns", mtime_ns}});
   }
-  return {{"dir", in.string()}, {"files", files}, {"config_fnv1a64", hex64(fnv1a(read_file_text(in / "config.json")))}};
+  return {{"dir", in.string()},
+          {"files", files},
+          {"config_fnv1a64", hex64(fnv1a(read_file_text(in / "config.json")))}};
 }
 
 json args_of(const ConvertOptions& o) {
@@ -667,12 +720,14 @@ json args_of(const ConvertOptions& o) {
 
 std::string differences(const json& was, const json& now) {
   std::string d;
-  if (was.value("args", json()) != now["args"]) d += fmt::format("arguments were {}, now {}; ", was.value("args", json()).dump(), now["args"].dump());
+  if (was.value("args", json()) != now["args"])
+    d += fmt::format("arguments were {}, now {}; ", was.value("args", json()).dump(), now["args"].dump());
   if (was.value("input", json()) != now["input"]) {
     d += fmt::format("input was {} ({}), now {}; ", was.value("input", json()).value("dir", std::string("?")),
                      "its shards or config.json differ", now["input"]["dir"].get<std::string>());
   }
-  if (was.value("plan", json()) != now["plan"] && d.empty()) d += "the planned output differs (another strata version?); ";
+  if (was.value("plan", json()) != now["plan"] && d.empty())
+    d += "the planned output differs (another strata version?); ";
   if (was.value("version", 0) != kJournalVersion) d += "journal version differs; ";
   if (!d.empty()) d.resize(d.size() - 2);
   return d;
@@ -680,15 +735,19 @@ std::string differences(const json& was, const json& now) {
 
 void check_out_dir(const Paths& p, bool force) {
   if (!fs::exists(p.out)) return;
-  if (!fs::is_directory(p.out)) fail(kComp, "{} exists and is not a directory; choose another --out", p.out.string());
+  if (!fs::is_directory(p.out))
+    fail(kComp, "{} exists and is not a directory; choose another --out", p.out.string());
   if (fs::exists(p.out / kManifest)) {
     if (!force) {
-      fail(kComp, "{} is already a strata container (it has {}); pass --force to replace it", p.out.string(), kManifest);
+      fail(kComp, "{} is already a strata container (it has {}); pass --force to replace it", p.out.string(),
+           kManifest);
     }
     return;
   }
-  fail(kComp, "{} exists and is not a strata container (no {}); refusing to write over it — remove it or choose "
-       "another --out", p.out.string(), kManifest);
+  fail(kComp,
+       "{} exists and is not a strata container (no {}); refusing to write over it — remove it or choose "
+       "another --out",
+       p.out.string(), kManifest);
 }
 
 ConvertResult run(const ConvertOptions& o) {
@@ -696,10 +755,12 @@ ConvertResult run(const ConvertOptions& o) {
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
 
   if (o.experts != WeightFormat::Q4_G64 && o.experts != WeightFormat::Q4_ROW) {
-    fail(kComp, "expert format {} is not an int4 format (expected q4_g64 or q4_row)", weight_format_name(o.experts));
+    fail(kComp, "expert format {} is not an int4 format (expected q4_g64 or q4_row)",
+         weight_format_name(o.experts));
   }
   if (o.shard_bytes == 0) fail(kComp, "the shard size must be at least 1 MB");
-  if (o.in.empty() || o.out.empty()) fail(kComp, "both the input folder (--in) and the output folder (--out) are needed");
+  if (o.in.empty() || o.out.empty())
+    fail(kComp, "both the input folder (--in) and the output folder (--out) are needed");
 
   Paths p;
   p.in = fs::absolute(o.in).lexically_normal();
@@ -709,17 +770,21 @@ ConvertResult run(const ConvertOptions& o) {
   p.parent = p.out.parent_path();
   p.partial = p.parent / (p.out.filename().string() + ".partial");
 
-  if (!fs::is_directory(p.in)) fail(kComp, "{}: input is not a directory (expected a Hugging Face model folder)", p.in.string());
+  if (!fs::is_directory(p.in))
+    fail(kComp, "{}: input is not a directory (expected a Hugging Face model folder)", p.in.string());
   if (!fs::exists(p.in / "config.json")) {
-    fail(kComp, "{}: config.json is missing — expected a Hugging Face model folder (config.json + *.safetensors)",
+    fail(kComp,
+         "{}: config.json is missing — expected a Hugging Face model folder (config.json + *.safetensors)",
          p.in.string());
   }
   if (fs::exists(p.in / kManifest)) {
-    fail(kComp, "{}: the input is already a strata container ({}); convert takes a Hugging Face checkpoint", p.in.string(),
-         kManifest);
+    fail(kComp, "{}: the input is already a strata container ({}); convert takes a Hugging Face checkpoint",
+         p.in.string(), kManifest);
   }
-  if (fs::exists(p.out) && fs::equivalent(p.in, p.out)) fail(kComp, "--out {} is the input folder", p.out.string());
-  if (!fs::is_directory(p.parent)) fail(kComp, "{}: the folder that should hold --out does not exist", p.parent.string());
+  if (fs::exists(p.out) && fs::equivalent(p.in, p.out))
+    fail(kComp, "--out {} is the input folder", p.out.string());
+  if (!fs::is_directory(p.parent))
+    fail(kComp, "{}: the folder that should hold --out does not exist", p.parent.string());
   check_out_dir(p, o.force);
 
   const ModelSpec spec = load_model_spec(p.in);
@@ -748,12 +813,15 @@ ConvertResult run(const ConvertOptions& o) {
   // The partial folder: resume it, or start it. It is locked first, so two conversions never share it.
   std::map<std::string, uint64_t> recorded;
   const bool existed = fs::exists(p.partial);
-  if (existed && !fs::is_directory(p.partial)) fail(kComp, "{} exists and is not a directory; remove it", p.partial.string());
+  if (existed && !fs::is_directory(p.partial))
+    fail(kComp, "{} exists and is not a directory; remove it", p.partial.string());
   if (existed && !fs::exists(jpath)) {
     for (const auto& e : fs::directory_iterator(p.partial)) {
       if (!is_temp_name(e.path().filename().string())) {
-        fail(kComp, "{} exists and is not a strata conversion in progress (no {}); remove it or choose another --out",
-             p.partial.string(), kJournal);
+        fail(
+            kComp,
+            "{} exists and is not a strata conversion in progress (no {}); remove it or choose another --out",
+            p.partial.string(), kJournal);
       }
     }
   }
@@ -764,17 +832,20 @@ ConvertResult run(const ConvertOptions& o) {
     try {
       was = json::parse(read_file_text(jpath));
     } catch (const json::exception& e) {
-      fail(kComp, "{}: the journal of the interrupted conversion is not valid JSON ({}); remove {} to start over",
+      fail(kComp,
+           "{}: the journal of the interrupted conversion is not valid JSON ({}); remove {} to start over",
            jpath.string(), e.what(), p.partial.string());
     }
     const std::string diff = differences(was, journal);
     if (!diff.empty()) {
       if (!o.force) {
-        fail(kComp, "{} holds an interrupted conversion that cannot be resumed with these arguments: {}. Rerun it "
+        fail(kComp,
+             "{} holds an interrupted conversion that cannot be resumed with these arguments: {}. Rerun it "
              "with the same arguments and input, or pass --force (or remove the folder) to start over",
              p.partial.string(), diff);
       }
-      for (const auto& e : fs::directory_iterator(p.partial)) fs::remove_all(e.path());  // --force: start over
+      for (const auto& e : fs::directory_iterator(p.partial))
+        fs::remove_all(e.path());  // --force: start over
     } else {
       for (const auto& d : was.value("done", json::array())) {
         recorded[d.value("file", std::string())] = d.value("size", uint64_t{0});
@@ -830,7 +901,8 @@ ConvertResult run(const ConvertOptions& o) {
   }
   const uint64_t batch_budget = std::clamp<uint64_t>(o.shard_bytes, 256ull << 20, 1ull << 30);
   std::optional<tbb::global_control> threads;
-  if (o.threads > 0) threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
+  if (o.threads > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(o.threads));
   size_t written_this_run = 0;
 
   for (size_t k = 0; k < plan.shards.size(); ++k) {
@@ -853,7 +925,8 @@ ConvertResult run(const ConvertOptions& o) {
       // A batch: consecutive items converted in parallel, then written in order.
       size_t e = b;
       uint64_t mem = 0;
-      while (e < sp.end && (e == b || mem + plan.items[e].work_bytes <= batch_budget)) mem += plan.items[e++].work_bytes;
+      while (e < sp.end && (e == b || mem + plan.items[e].work_bytes <= batch_budget))
+        mem += plan.items[e++].work_bytes;
       if (o.cancel != nullptr && o.cancel->load()) {
         fail(kComp, "interrupted; {} output shard(s) are recorded in {} — rerun the same command to resume",
              pr.shards_done, p.partial.string());
@@ -893,14 +966,16 @@ ConvertResult run(const ConvertOptions& o) {
       for (size_t s : sp.inputs) inputs.push_back(plan.files[s]->path().filename().string());
       size_t n_tensors = 0;
       for (size_t i = sp.first; i < sp.end; ++i) n_tensors += plan.items[i].outs.size();
-      journal["done"].push_back({{"file", sp.file}, {"size", sp.file_size}, {"inputs", inputs}, {"tensors", n_tensors}});
+      journal["done"].push_back(
+          {{"file", sp.file}, {"size", sp.file_size}, {"inputs", inputs}, {"tensors", n_tensors}});
     }
     write_text_atomic(jpath, journal.dump(1));
     ++pr.shards_done;
     ++written_this_run;
     report(ConvertProgress::Stage::ShardWritten);
     if (stop_after > 0 && written_this_run >= static_cast<size_t>(stop_after) && k + 1 < plan.shards.size()) {
-      fail(kComp, "stopped after {} output shard(s) (STRATA_CONVERT_STOP_AFTER_SHARDS); {} is left for resumption",
+      fail(kComp,
+           "stopped after {} output shard(s) (STRATA_CONVERT_STOP_AFTER_SHARDS); {} is left for resumption",
            written_this_run, p.partial.string());
     }
   }
@@ -940,24 +1015,26 @@ ConvertResult run(const ConvertOptions& o) {
     } catch (const json::exception& e) {
       fail(kComp, "{}: not valid JSON: {}", (p.in / "config.json").string(), e.what());
     }
-    cfg["strata_container"] = {{"version", kContainerVersion}, {"experts", experts_name},
+    cfg["strata_container"] = {{"version", kContainerVersion},
+                               {"experts", experts_name},
                                {"dense", std::string(dense_format_name(o.dense))}};
     write_text_atomic(p.partial / "config.json", cfg.dump(2) + "\n");
   }
   {
     json shards = json::array();
     for (const auto& sp : plan.shards) shards.push_back({{"file", sp.file}, {"size", sp.file_size}});
-    const json manifest = {{"strata_container", kContainerVersion},
-                           {"created_by", "strata convert"},
-                           {"model_type", plan.model_type},
-                           {"experts", experts_name},
-                           {"dense", std::string(dense_format_name(o.dense))},
-                           {"source", {{"dir", p.in.string()}, {"tensors", plan.tensors_in}, {"bytes", plan.bytes_in}}},
-                           {"tensors", plan.tensors_out},
-                           {"routed_experts", plan.experts},
-                           {"total_size", plan.bytes_out},
-                           {"shards", shards},
-                           {"copied", copied}};
+    const json manifest = {
+        {"strata_container", kContainerVersion},
+        {"created_by", "strata convert"},
+        {"model_type", plan.model_type},
+        {"experts", experts_name},
+        {"dense", std::string(dense_format_name(o.dense))},
+        {"source", {{"dir", p.in.string()}, {"tensors", plan.tensors_in}, {"bytes", plan.bytes_in}}},
+        {"tensors", plan.tensors_out},
+        {"routed_experts", plan.experts},
+        {"total_size", plan.bytes_out},
+        {"shards", shards},
+        {"copied", copied}};
     write_text_atomic(p.partial / kManifest, manifest.dump(2) + "\n");  // last: marks the folder complete
   }
   fsync_dir(p.partial);
@@ -968,7 +1045,8 @@ ConvertResult run(const ConvertOptions& o) {
     check_out_dir(p, o.force);
     old = p.parent / fmt::format("{}.old-{}", p.out.filename().string(), ::getpid());
     if (::rename(p.out.c_str(), old.c_str()) != 0) {
-      fail(kComp, "cannot move the existing {} aside to {}: {}", p.out.string(), old.string(), std::strerror(errno));
+      fail(kComp, "cannot move the existing {} aside to {}: {}", p.out.string(), old.string(),
+           std::strerror(errno));
     }
     res.replaced_existing = true;
   }
@@ -992,9 +1070,12 @@ ConvertResult run(const ConvertOptions& o) {
 
 std::string_view dense_format_name(DenseFormat f) {
   switch (f) {
-    case DenseFormat::Keep: return "keep";
-    case DenseFormat::BF16: return "bf16";
-    case DenseFormat::Q4_G64: return "q4_g64";
+    case DenseFormat::Keep:
+      return "keep";
+    case DenseFormat::BF16:
+      return "bf16";
+    case DenseFormat::Q4_G64:
+      return "q4_g64";
   }
   return "?";
 }
@@ -1006,7 +1087,9 @@ DenseFormat parse_dense_format(std::string_view name) {
   fail(kComp, "unknown dense format '{}' (expected keep, bf16 or q4_g64)", name);
 }
 
-float fp8_e4m3_to_f32(uint8_t v) { return e4m3_table()[v]; }
+float fp8_e4m3_to_f32(uint8_t v) {
+  return e4m3_table()[v];
+}
 
 uint16_t f32_to_bf16_rne(float f) {
   uint32_t u;
@@ -1020,12 +1103,13 @@ TensorRole tensor_role(const std::string& name, size_t rank) {
   if (name.ends_with(kScaleSuffix)) return TensorRole::ScaleInv;
   if (parse_expert(name)) return TensorRole::RoutedExpert;
   if (rank <= 1) return TensorRole::F32;
-  if (name.ends_with(".bias") || name.ends_with(".mlp.gate.weight") || name.ends_with("e_score_correction_bias") ||
-      name.ends_with("indexer.weights_proj.weight")) {
+  if (name.ends_with(".bias") || name.ends_with(".mlp.gate.weight") ||
+      name.ends_with("e_score_correction_bias") || name.ends_with("indexer.weights_proj.weight")) {
     return TensorRole::F32;
   }
-  if (name.ends_with("embed_tokens.weight") || name == "lm_head.weight" || name.ends_with(".lm_head.weight") ||
-      name.ends_with("shared_head.head.weight") || name.find("kv_b_proj") != std::string::npos) {
+  if (name.ends_with("embed_tokens.weight") || name == "lm_head.weight" ||
+      name.ends_with(".lm_head.weight") || name.ends_with("shared_head.head.weight") ||
+      name.find("kv_b_proj") != std::string::npos) {
     return TensorRole::KeepFloat;
   }
   return rank == 2 ? TensorRole::Dense2D : TensorRole::Other;

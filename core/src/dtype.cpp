@@ -25,8 +25,12 @@ constexpr std::array<DTypeInfo, 11> kInfo{{{DType::F32, "F32", 4},
                                            {DType::F8_E4M3, "F8_E4M3", 1}}};
 }  // namespace
 
-size_t dtype_size(DType t) { return kInfo[static_cast<size_t>(t)].size; }
-std::string_view dtype_name(DType t) { return kInfo[static_cast<size_t>(t)].name; }
+size_t dtype_size(DType t) {
+  return kInfo[static_cast<size_t>(t)].size;
+}
+std::string_view dtype_name(DType t) {
+  return kInfo[static_cast<size_t>(t)].name;
+}
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const auto& i : kInfo) {

@@ -76,8 +76,8 @@ void parse_rope(const Reader& r, RopeSpec& rope) {
   }
   if (rope.type == "yarn") {
     rope.factor = p.number_or("factor", 1.0);
-    rope.original_max_position = p.number_or("original_max_position_embeddings",
-                                             r.number_or("max_position_embeddings", 4096));
+    rope.original_max_position =
+        p.number_or("original_max_position_embeddings", r.number_or("max_position_embeddings", 4096));
     rope.beta_fast = p.number_or("beta_fast", 32.0);
     rope.beta_slow = p.number_or("beta_slow", 1.0);
     rope.mscale = p.number_or("mscale", 0.0);  // 0 = not given (changes the yarn attention factor rule)
@@ -95,10 +95,14 @@ double yarn_get_mscale(double scale, double mscale) {
 
 std::string family_name(Family f) {
   switch (f) {
-    case Family::Qwen3Moe: return "qwen3_moe";
-    case Family::DeepseekV3: return "deepseek_v3";
-    case Family::Glm4Moe: return "glm4_moe";
-    case Family::GlmMoeDsa: return "glm_moe_dsa";
+    case Family::Qwen3Moe:
+      return "qwen3_moe";
+    case Family::DeepseekV3:
+      return "deepseek_v3";
+    case Family::Glm4Moe:
+      return "glm4_moe";
+    case Family::GlmMoeDsa:
+      return "glm_moe_dsa";
   }
   return "?";
 }
@@ -120,7 +124,8 @@ int64_t ModelSpec::kv_floats_per_token_per_layer() const {
 
 ModelSpec load_model_spec(const fs::path& model_dir) {
   const fs::path file = model_dir / "config.json";
-  if (!fs::exists(file)) fail(kComp, "{}: missing — a model folder needs a Hugging Face config.json", file.string());
+  if (!fs::exists(file))
+    fail(kComp, "{}: missing — a model folder needs a Hugging Face config.json", file.string());
   json j;
   try {
     std::ifstream in(file);
@@ -137,7 +142,8 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
   }
   Reader r{file.string(), j};
   ModelSpec s;
-  if (!r.has("model_type") || !j["model_type"].is_string()) r.bad("model_type", "is missing (expected a string)");
+  if (!r.has("model_type") || !j["model_type"].is_string())
+    r.bad("model_type", "is missing (expected a string)");
   s.model_type = j["model_type"].get<std::string>();
   if (s.model_type == "qwen3_moe") {
     s.family = Family::Qwen3Moe;
@@ -148,7 +154,8 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
   } else if (s.model_type == "glm_moe_dsa") {
     s.family = Family::GlmMoeDsa;
   } else {
-    fail(kComp, "{}: model_type '{}' is not supported (expected qwen3_moe, deepseek_v3, glm4_moe or glm_moe_dsa)",
+    fail(kComp,
+         "{}: model_type '{}' is not supported (expected qwen3_moe, deepseek_v3, glm4_moe or glm_moe_dsa)",
          file.string(), s.model_type);
   }
   s.vocab = r.positive("vocab_size");
@@ -157,7 +164,8 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
   s.n_heads = r.positive("num_attention_heads");
   s.n_kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : s.n_heads;
   if (s.n_heads % s.n_kv_heads != 0) {
-    r.bad("num_key_value_heads", fmt::format("must divide num_attention_heads ({}), got {}", s.n_heads, s.n_kv_heads));
+    r.bad("num_key_value_heads",
+          fmt::format("must divide num_attention_heads ({}), got {}", s.n_heads, s.n_kv_heads));
   }
   s.head_dim = r.has("head_dim") ? r.positive("head_dim") : s.hidden / s.n_heads;
   // Defaults of the transformers config classes: 1e-5 for the GLM families, 1e-6 otherwise.
@@ -206,7 +214,8 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
     auto mlp_types = r.strings_or("mlp_layer_types", static_cast<size_t>(s.n_layers), "");
     for (int64_t l = 0; l < s.n_layers; ++l) {
       const std::string& t = mlp_types[static_cast<size_t>(l)];
-      if (!t.empty() && t != "dense" && t != "sparse") r.bad("mlp_layer_types", "entries must be 'dense' or 'sparse'");
+      if (!t.empty() && t != "dense" && t != "sparse")
+        r.bad("mlp_layer_types", "entries must be 'dense' or 'sparse'");
       s.moe_layer.push_back(t.empty() ? l >= first_dense : t == "sparse");
     }
     if (s.family == Family::Glm4Moe) {
@@ -239,7 +248,8 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
       for (int64_t l = 0; l < s.n_layers; ++l) {
         const std::string& t = types[static_cast<size_t>(l)];
         if (t != "full" && t != "shared") r.bad("indexer_types", "entries must be 'full' or 'shared'");
-        if (l == 0 && t == "shared") r.bad("indexer_types", "layer 0 cannot be 'shared' (no previous selection)");
+        if (l == 0 && t == "shared")
+          r.bad("indexer_types", "layer 0 cannot be 'shared' (no previous selection)");
         s.indexer_full.push_back(t == "full");
       }
     }
@@ -253,10 +263,12 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
     break;
   }
   if (s.top_k > s.n_experts) r.bad("num_experts_per_tok", "must not exceed the number of experts");
-  if (s.rope.rotary_dim % 2 != 0) fail(kComp, "{}: the rotary dimension {} must be even", file.string(), s.rope.rotary_dim);
+  if (s.rope.rotary_dim % 2 != 0)
+    fail(kComp, "{}: the rotary dimension {} must be even", file.string(), s.rope.rotary_dim);
   for (const char* key : {"eos_token_id"}) {
     if (!r.has(key)) continue;
-    if (j[key].is_number_integer()) s.eos_ids.push_back(j[key].get<int64_t>());
+    if (j[key].is_number_integer())
+      s.eos_ids.push_back(j[key].get<int64_t>());
     else if (j[key].is_array()) {
       for (const auto& e : j[key]) {
         if (e.is_number_integer()) s.eos_ids.push_back(e.get<int64_t>());

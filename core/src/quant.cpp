@@ -37,7 +37,8 @@ QuantizedMatrix quantize_q4(std::span<const float> w, int64_t rows, int64_t cols
         const int qv = static_cast<int>(std::clamp(r, -8.0f, 7.0f));
         const auto nib = static_cast<uint8_t>(qv + 8);
         uint8_t& b = dst[c / 2];
-        b = (c % 2 == 0) ? static_cast<uint8_t>((b & 0xf0) | nib) : static_cast<uint8_t>((b & 0x0f) | (nib << 4));
+        b = (c % 2 == 0) ? static_cast<uint8_t>((b & 0xf0) | nib)
+                         : static_cast<uint8_t>((b & 0x0f) | (nib << 4));
       }
     }
   }

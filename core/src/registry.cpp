@@ -90,7 +90,8 @@ void PluginRegistry::load(const fs::path& file) {
   const strata_plugin_vtable* vt = init();
   if (vt == nullptr) return reject("strata_plugin_init returned NULL");
   if (vt->abi_version != STRATA_PLUGIN_ABI_VERSION) {
-    return reject(fmt::format("ABI version {} (this strata expects {})", vt->abi_version, STRATA_PLUGIN_ABI_VERSION));
+    return reject(
+        fmt::format("ABI version {} (this strata expects {})", vt->abi_version, STRATA_PLUGIN_ABI_VERSION));
   }
   if (vt->struct_size < STRATA_PLUGIN_VTABLE_MIN_SIZE) {
     return reject(fmt::format("vtable of {} bytes is smaller than the {} this strata needs", vt->struct_size,
@@ -104,12 +105,14 @@ void PluginRegistry::load(const fs::path& file) {
   rec.description = vt->description != nullptr ? vt->description : "";
   rec.vtable = vt;
   for (const auto& p : plugins_) {
-    if (p.usable && p.name == rec.name) return reject(fmt::format("shadowed by {} (same name)", p.file.string()));
+    if (p.usable && p.name == rec.name)
+      return reject(fmt::format("shadowed by {} (same name)", p.file.string()));
   }
   rec.score = score();
   if (rec.score == 0) {
     const char* why = vt->last_error();
-    return reject(fmt::format("score 0: {}", (why != nullptr && *why != '\0') ? why : "cannot run on this machine"));
+    return reject(
+        fmt::format("score 0: {}", (why != nullptr && *why != '\0') ? why : "cannot run on this machine"));
   }
   rec.usable = true;
   rec.library = lib;

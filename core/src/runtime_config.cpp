@@ -23,7 +23,8 @@ struct Ctx {
   }
 };
 
-void check_keys(const Ctx& c, const YAML::Node& map, const std::string& section, const std::set<std::string>& allowed) {
+void check_keys(const Ctx& c, const YAML::Node& map, const std::string& section,
+                const std::set<std::string>& allowed) {
   if (!map.IsMap()) fail(kComp, "{}: '{}' must be a mapping", c.where(map), section);
   for (const auto& kv : map) {
     const std::string key = kv.first.as<std::string>();
@@ -43,13 +44,15 @@ std::string as_string(const Ctx& c, const YAML::Node& n, const std::string& key)
 
 bool as_bool(const Ctx& c, const YAML::Node& n, const std::string& key) {
   bool v = false;
-  if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v)) fail(kComp, "{}: '{}' must be true or false", c.where(n), key);
+  if (!n.IsScalar() || !YAML::convert<bool>::decode(n, v))
+    fail(kComp, "{}: '{}' must be true or false", c.where(n), key);
   return v;
 }
 
 double as_number(const Ctx& c, const YAML::Node& n, const std::string& key) {
   double v = 0;
-  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v)) fail(kComp, "{}: '{}' must be a number", c.where(n), key);
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v))
+    fail(kComp, "{}: '{}' must be a number", c.where(n), key);
   return v;
 }
 

@@ -31,7 +31,9 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::string TensorInfo::shape_str() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string TensorInfo::shape_str() const {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -45,7 +47,8 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   const auto file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     ::close(fd);
-    fail(kComp, "{}: file is {} bytes, too short for a safetensors header (truncated?)", path.string(), file_size);
+    fail(kComp, "{}: file is {} bytes, too short for a safetensors header (truncated?)", path.string(),
+         file_size);
   }
   map_size_ = file_size;
   map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -90,11 +93,14 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
       }
       TensorInfo t;
       t.name = name;
-      if (!v["dtype"].is_string()) fail(kComp, "{}: tensor '{}': dtype must be a string", path.string(), name);
+      if (!v["dtype"].is_string())
+        fail(kComp, "{}: tensor '{}': dtype must be a string", path.string(), name);
       const auto dt = dtype_from_name(v["dtype"].get<std::string>());
       if (!dt) {
-        fail(kComp, "{}: tensor '{}': unsupported dtype '{}' (expected F32, F16, BF16, F64, I64, I32, I16, I8, U8, "
-             "BOOL or F8_E4M3)", path.string(), name, v["dtype"].get<std::string>());
+        fail(kComp,
+             "{}: tensor '{}': unsupported dtype '{}' (expected F32, F16, BF16, F64, I64, I32, I16, I8, U8, "
+             "BOOL or F8_E4M3)",
+             path.string(), name, v["dtype"].get<std::string>());
       }
       t.dtype = *dt;
       if (!v["shape"].is_array()) fail(kComp, "{}: tensor '{}': shape must be an array", path.string(), name);
@@ -105,13 +111,16 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
         t.shape.push_back(d.get<int64_t>());
       }
       const json& off = v["data_offsets"];
-      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
+          !off[1].is_number_unsigned()) {
         fail(kComp, "{}: tensor '{}': data_offsets must be two non-negative integers", path.string(), name);
       }
       const auto b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-      if (b > e) fail(kComp, "{}: tensor '{}': data_offsets [{}, {}] are reversed", path.string(), name, b, e);
+      if (b > e)
+        fail(kComp, "{}: tensor '{}': data_offsets [{}, {}] are reversed", path.string(), name, b, e);
       if (e > data_size) {
-        fail(kComp, "{}: tensor '{}': data ends at byte {} but the file holds only {} data bytes (truncated file?)",
+        fail(kComp,
+             "{}: tensor '{}': data ends at byte {} but the file holds only {} data bytes (truncated file?)",
              path.string(), name, e, data_size);
       }
       const uint64_t expect = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype);
@@ -163,16 +172,19 @@ SafetensorsSet::SafetensorsSet(const fs::path& dir) : dir_(dir) {
     }
     std::map<std::string, const SafetensorsFile*> by_shard;
     for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
-      if (!it->is_string()) fail(kComp, "{}: weight_map['{}'] must be a file name", index_path.string(), it.key());
+      if (!it->is_string())
+        fail(kComp, "{}: weight_map['{}'] must be a file name", index_path.string(), it.key());
       const std::string shard = it->get<std::string>();
       if (shard.find('/') != std::string::npos || shard == ".." || shard.empty()) {
-        fail(kComp, "{}: weight_map['{}'] = '{}' is not a plain file name", index_path.string(), it.key(), shard);
+        fail(kComp, "{}: weight_map['{}'] = '{}' is not a plain file name", index_path.string(), it.key(),
+             shard);
       }
       auto s = by_shard.find(shard);
       if (s == by_shard.end()) {
         const fs::path p = dir / shard;
         if (!fs::exists(p)) {
-          fail(kComp, "{}: shard '{}' named for tensor '{}' is missing", index_path.string(), shard, it.key());
+          fail(kComp, "{}: shard '{}' named for tensor '{}' is missing", index_path.string(), shard,
+               it.key());
         }
         files_.push_back(std::make_unique<SafetensorsFile>(p));
         s = by_shard.emplace(shard, files_.back().get()).first;
@@ -191,13 +203,15 @@ SafetensorsSet::SafetensorsSet(const fs::path& dir) : dir_(dir) {
     if (e.is_regular_file() && e.path().extension() == ".safetensors") shards.push_back(e.path());
   }
   std::sort(shards.begin(), shards.end());
-  if (shards.empty()) fail(kComp, "{}: no *.safetensors files (and no model.safetensors.index.json)", dir.string());
+  if (shards.empty())
+    fail(kComp, "{}: no *.safetensors files (and no model.safetensors.index.json)", dir.string());
   for (const auto& p : shards) {
     files_.push_back(std::make_unique<SafetensorsFile>(p));
     for (const auto& [name, info] : files_.back()->tensors()) {
       auto [it, inserted] = index_.emplace(name, TensorRef{files_.back().get(), &info});
       if (!inserted) {
-        fail(kComp, "tensor '{}' appears in both {} and {}", name, it->second.file->path().string(), p.string());
+        fail(kComp, "tensor '{}' appears in both {} and {}", name, it->second.file->path().string(),
+             p.string());
       }
     }
   }
@@ -213,7 +227,9 @@ void write_file_atomic(const fs::path& path, std::span<const std::byte> bytes) {
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::string tmpl = (dir / ("." + path.filename().string() + ".tmp.XXXXXX")).string();
   const int fd = ::mkstemp(tmpl.data());
-  if (fd < 0) fail("io", "{}: cannot create a temporary file in {}: {}", path.string(), dir.string(), std::strerror(errno));
+  if (fd < 0)
+    fail("io", "{}: cannot create a temporary file in {}: {}", path.string(), dir.string(),
+         std::strerror(errno));
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -253,7 +269,9 @@ void write_safetensors(const fs::path& path, const std::vector<TensorToWrite>& t
       fail(kComp, "{}: tensor '{}' has {} bytes but {} {} needs {}", path.string(), t.name, t.bytes.size(),
            dtype_name(t.dtype), fmt::format("[{}]", fmt::join(t.shape, ", ")), n);
     }
-    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + n}}};
     offset += n;
   }
   std::string h = header.dump();

@@ -20,7 +20,9 @@ inline std::string& last_error_text() {
   return text;
 }
 
-inline const char* last_error() { return last_error_text().c_str(); }
+inline const char* last_error() {
+  return last_error_text().c_str();
+}
 
 inline strata_status fail(strata_status status, std::string message) {
   last_error_text() = std::move(message);
@@ -47,31 +49,44 @@ struct CpuBackend {
   tbb::task_arena arena;  // all parallel work of this backend runs here, so n_threads is honoured
 };
 
-inline CpuBackend* as_cpu(strata_backend* b) { return reinterpret_cast<CpuBackend*>(b); }
+inline CpuBackend* as_cpu(strata_backend* b) {
+  return reinterpret_cast<CpuBackend*>(b);
+}
 
 inline strata_status cpu_create(const strata_backend_options* options, strata_backend** out) {
   return guarded([&] {
     if (out == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "create: out is NULL");
     int threads = 0;
-    if (options != nullptr && options->struct_size >= sizeof(strata_backend_options)) threads = options->n_threads;
+    if (options != nullptr && options->struct_size >= sizeof(strata_backend_options))
+      threads = options->n_threads;
     if (threads < 0) return fail(STRATA_ERR_INVALID_ARGUMENT, "create: n_threads must be >= 0");
     *out = reinterpret_cast<strata_backend*>(new CpuBackend(threads));
     return STRATA_OK;
   });
 }
 
-inline void cpu_destroy(strata_backend* b) { delete as_cpu(b); }
+inline void cpu_destroy(strata_backend* b) {
+  delete as_cpu(b);
+}
 
-inline int32_t cpu_supports(strata_backend*, int32_t dtype) { return is_float_format(dtype) || is_q4_format(dtype) ? 1 : 0; }
+inline int32_t cpu_supports(strata_backend*, int32_t dtype) {
+  return is_float_format(dtype) || is_q4_format(dtype) ? 1 : 0;
+}
 
 inline const char* dtype_name(int32_t dtype) {
   switch (dtype) {
-    case STRATA_DTYPE_F32: return "F32";
-    case STRATA_DTYPE_BF16: return "BF16";
-    case STRATA_DTYPE_F16: return "F16";
-    case STRATA_DTYPE_Q4_ROW: return "Q4_ROW";
-    case STRATA_DTYPE_Q4_G64: return "Q4_G64";
-    default: return "unknown";
+    case STRATA_DTYPE_F32:
+      return "F32";
+    case STRATA_DTYPE_BF16:
+      return "BF16";
+    case STRATA_DTYPE_F16:
+      return "F16";
+    case STRATA_DTYPE_Q4_ROW:
+      return "Q4_ROW";
+    case STRATA_DTYPE_Q4_G64:
+      return "Q4_G64";
+    default:
+      return "unknown";
   }
 }
 
@@ -81,8 +96,9 @@ inline bool check_matrix(const strata_matrix* m, const char* what, strata_status
     return false;
   }
   if (!is_float_format(m->dtype) && !is_q4_format(m->dtype)) {
-    *status = fail(STRATA_ERR_UNSUPPORTED, std::string(what) + ": weight format " + dtype_name(m->dtype) +
-                                               " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
+    *status = fail(STRATA_ERR_UNSUPPORTED,
+                   std::string(what) + ": weight format " + dtype_name(m->dtype) +
+                       " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
     return false;
   }
   if (is_q4_format(m->dtype) && m->scales == nullptr) {
@@ -94,7 +110,7 @@ inline bool check_matrix(const strata_matrix* m, const char* what, strata_status
 
 template <DotBlockFn Dot>
 strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const float* x, int64_t n_x_rows,
-                                float* y) {
+                         float* y) {
   return guarded([&] {
     strata_status status = STRATA_OK;
     if (b == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "matmul: backend is NULL");
@@ -110,7 +126,7 @@ strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const float*
 
 template <DotBlockFn Dot>
 strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden,
-                                      int32_t n_tasks, const strata_expert_task* tasks) {
+                               int32_t n_tasks, const strata_expert_task* tasks) {
   return guarded([&] {
     strata_status status = STRATA_OK;
     if (b == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "expert_group: backend is NULL");
@@ -120,11 +136,13 @@ strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t n_x_ro
     for (int32_t t = 0; t < n_tasks; ++t) {
       const strata_expert_task& task = tasks[t];
       if (task.n_rows == 0) continue;
-      if (task.n_rows < 0 || task.expert == nullptr || task.rows == nullptr || task.out == nullptr || x == nullptr) {
+      if (task.n_rows < 0 || task.expert == nullptr || task.rows == nullptr || task.out == nullptr ||
+          x == nullptr) {
         return fail(STRATA_ERR_INVALID_ARGUMENT, "expert_group: task " + std::to_string(t) + " is malformed");
       }
       const strata_expert& e = *task.expert;
-      if (!check_matrix(&e.gate, "expert_group gate", &status) || !check_matrix(&e.up, "expert_group up", &status) ||
+      if (!check_matrix(&e.gate, "expert_group gate", &status) ||
+          !check_matrix(&e.up, "expert_group up", &status) ||
           !check_matrix(&e.down, "expert_group down", &status)) {
         return status;
       }

@@ -59,8 +59,8 @@ namespace strata_cuda {
 
 // Settings read once when a backend is created (environment), adjustable by the bench.
 struct Settings {
-  // Experts with at least this many rows run their int4 matrices on the W4A16 path (bf16 activations); 0 = never
-  // (the default: every path is then f32-accurate and prefill equals decode bit for bit).
+  // Experts with at least this many rows run their int4 matrices on the W4A16 path (bf16 activations); 0 =
+  // never (the default: every path is then f32-accurate and prefill equals decode bit for bit).
   // STRATA_CUDA_W4A16_MIN_ROWS=N.
   int w4a16_min_rows = 0;
   // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the tensor cores.
@@ -81,7 +81,8 @@ class CudaBackend {
   static bool supports(int32_t dtype) { return dtype >= kF32 && dtype <= kQ4G64; }
 
   void matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y);
-  void expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks, const strata_expert_task* tasks);
+  void expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                    const strata_expert_task* tasks);
   strata_group* issue(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
                       const strata_expert_task* tasks);
   void take(strata_group* group);  // consumes the handle, also when it throws
@@ -91,24 +92,26 @@ class CudaBackend {
   void free(strata_resident* r);
   strata_memory_info memory_info();
 
-  // Bench: runs the kernels of one expert group `iters` times (inputs staged once) and returns the time of each
-  // run in ms, measured with events on the device; the outputs of the last run are written to the tasks.
+  // Bench: runs the kernels of one expert group `iters` times (inputs staged once) and returns the time of
+  // each run in ms, measured with events on the device; the outputs of the last run are written to the tasks.
   std::vector<float> time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
                                        const strata_expert_task* tasks, int iters);
 
-  // STRATA_CUDA_FAIL_NEXT=oom|device, read when the backend is created: the next issue fails with that status.
+  // STRATA_CUDA_FAIL_NEXT=oom|device, read when the backend is created: the next issue fails with that
+  // status.
   void inject_failure(strata_status s) { fail_next_.store(static_cast<int>(s)); }
 
  private:
   Slot* acquire_slot();
   void release_slot(Slot* s) noexcept;
   void ensure_capacity(Slot& s, const Plan& p);
-  void stage(Slot& s, const Plan& p);     // inputs to the device (pinned head copy, host weights)
-  void launch(Slot& s, const Plan& p);    // the kernels
-  void finish(Slot& s, const Plan& p);    // outputs to pinned memory, done event
+  void stage(Slot& s, const Plan& p);   // inputs to the device (pinned head copy, host weights)
+  void launch(Slot& s, const Plan& p);  // the kernels
+  void finish(Slot& s, const Plan& p);  // outputs to pinned memory, done event
   void sync_quietly(Slot& s) noexcept;
   const strata_resident* own_resident(const strata_resident* r);
-  Plan plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks, const strata_expert_task* tasks);
+  Plan plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                  const strata_expert_task* tasks);
   Plan plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows);
 
   int device_;

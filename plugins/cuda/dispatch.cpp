@@ -1,6 +1,6 @@
-// The CUDA backend's host side: validation, device copies of matrices, the plan of a call (work items in chunks
-// of tokens, kernel choice per format and row count), staging slots (a stream, pinned buffers, one device
-// buffer each), issue/take. Every CUDA call is checked; failures become Failure(status, text).
+// The CUDA backend's host side: validation, device copies of matrices, the plan of a call (work items in
+// chunks of tokens, kernel choice per format and row count), staging slots (a stream, pinned buffers, one
+// device buffer each), issue/take. Every CUDA call is checked; failures become Failure(status, text).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,16 +16,17 @@
 
 namespace strata_cuda {
 
-// A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs more.
+// A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
+// more.
 struct Slot {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
   cudaEvent_t t0 = nullptr, t1 = nullptr;  // bench timing, made on first use
-  char* dev = nullptr;                      // device: inputs, operands, outputs, host weights staged
+  char* dev = nullptr;                     // device: inputs, operands, outputs, host weights staged
   uint64_t dev_bytes = 0;
-  char* in = nullptr;                       // pinned: the head (x, row table, items, jobs)
+  char* in = nullptr;  // pinned: the head (x, row table, items, jobs)
   uint64_t in_bytes = 0;
-  char* out = nullptr;                      // pinned: outputs
+  char* out = nullptr;  // pinned: outputs
   uint64_t out_bytes = 0;
 };
 
@@ -37,33 +38,50 @@ constexpr uint64_t kAlign = 256;
 constexpr int64_t kMaxDim = int64_t{1} << 30;  // rows and cols (kernels index with int32)
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
-uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up(uint64_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
-bool is_q4(int32_t dtype) { return dtype == kQ4Row || dtype == kQ4G64; }
+bool is_q4(int32_t dtype) {
+  return dtype == kQ4Row || dtype == kQ4G64;
+}
 
 const char* dtype_name(int32_t dtype) {
   switch (dtype) {
-    case kF32: return "F32";
-    case kBF16: return "BF16";
-    case kF16: return "F16";
-    case kQ4Row: return "Q4_ROW";
-    case kQ4G64: return "Q4_G64";
-    default: return "unknown";
+    case kF32:
+      return "F32";
+    case kBF16:
+      return "BF16";
+    case kF16:
+      return "F16";
+    case kQ4Row:
+      return "Q4_ROW";
+    case kQ4G64:
+      return "Q4_G64";
+    default:
+      return "unknown";
   }
 }
 
-int64_t padded_cols(int64_t cols) { return (cols + kColPad - 1) / kColPad * kColPad; }
+int64_t padded_cols(int64_t cols) {
+  return (cols + kColPad - 1) / kColPad * kColPad;
+}
 
 // Bytes of one row: as the host stores it, and padded on the device.
 int64_t host_row_bytes(int32_t dtype, int64_t cols) {
   switch (dtype) {
-    case kF32: return cols * 4;
+    case kF32:
+      return cols * 4;
     case kBF16:
-    case kF16: return cols * 2;
-    default: return (cols + 1) / 2;
+    case kF16:
+      return cols * 2;
+    default:
+      return (cols + 1) / 2;
   }
 }
-int64_t device_row_bytes(int32_t dtype, int64_t cols) { return host_row_bytes(dtype, padded_cols(cols)); }
+int64_t device_row_bytes(int32_t dtype, int64_t cols) {
+  return host_row_bytes(dtype, padded_cols(cols));
+}
 
 int64_t scale_count(int32_t dtype, int64_t rows, int64_t cols) {
   if (dtype == kQ4G64) return rows * ((cols + kColPad - 1) / kColPad);
@@ -80,7 +98,9 @@ uint64_t device_matrix_bytes(int32_t dtype, int64_t rows, int64_t cols) {
   return is_q4(dtype) ? align_up(data) + static_cast<uint64_t>(scale_count(dtype, rows, cols)) * 4 : data;
 }
 
-std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")"; }
+std::string cuda_text(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
 
 [[noreturn]] void throw_cuda(cudaError_t e, const std::string& what, int device) {
   (void)cudaGetLastError();  // clears the error when it is not sticky
@@ -88,16 +108,20 @@ std::string cuda_text(cudaError_t e) { return std::string(cudaGetErrorName(e)) +
   throw Failure(s, "cuda device " + std::to_string(device) + ": " + what + ": " + cuda_text(e));
 }
 
-#define STRATA_CK(expr, what)                                \
-  do {                                                       \
-    const cudaError_t strata_ck_e = (expr);                  \
+#define STRATA_CK(expr, what)                                               \
+  do {                                                                      \
+    const cudaError_t strata_ck_e = (expr);                                 \
     if (strata_ck_e != cudaSuccess) throw_cuda(strata_ck_e, what, device_); \
   } while (0)
 
-[[noreturn]] void invalid(const std::string& what) { throw Failure(STRATA_ERR_INVALID_ARGUMENT, what); }
+[[noreturn]] void invalid(const std::string& what) {
+  throw Failure(STRATA_ERR_INVALID_ARGUMENT, what);
+}
 
 // Tokens per work item for an operand of `splits` parts (3: exact tensor-core, 1: W4A16, 0: SIMT f32).
-int chunk_capacity(int splits) { return splits == 3 ? 8 : splits == 1 ? 32 : kSimtMaxTok; }
+int chunk_capacity(int splits) {
+  return splits == 3 ? 8 : splits == 1 ? 32 : kSimtMaxTok;
+}
 
 // n-tiles needed for n tokens, rounded to an instantiated count.
 int nt_for(int splits, int n) {
@@ -170,8 +194,8 @@ struct Plan {
 
 namespace {
 
-// Lays out a plan's device buffer: head (x, rows, items, jobs), then `extra` bytes of operands and outputs the
-// caller placed from `operands_base`, then the staged host weights.
+// Lays out a plan's device buffer: head (x, rows, items, jobs), then `extra` bytes of operands and outputs
+// the caller placed from `operands_base`, then the staged host weights.
 struct Layout {
   uint64_t cursor = 0;
   uint64_t take(uint64_t bytes) {
@@ -204,8 +228,8 @@ std::string cuda_unavailable_reason() {
     (void)cudaDriverGetVersion(&driver);
     if (driver == 0) return "no CUDA driver (libcuda.so.1 not found)";
     return "CUDA driver too old: it supports CUDA " + std::to_string(driver / 1000) + "." +
-           std::to_string(driver % 1000 / 10) + ", this plugin needs " + std::to_string(CUDART_VERSION / 1000) + "." +
-           std::to_string(CUDART_VERSION % 1000 / 10);
+           std::to_string(driver % 1000 / 10) + ", this plugin needs " +
+           std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
   }
   if (e == cudaErrorNoDevice || (e == cudaSuccess && count == 0)) {
     (void)cudaGetLastError();
@@ -226,7 +250,8 @@ std::string cuda_unavailable_reason() {
     if (major >= 9) return "";
     found += (found.empty() ? "" : ", ") + std::string("sm_") + std::to_string(major) + std::to_string(minor);
   }
-  return "no CUDA device of compute capability 9.0 or newer (found " + (found.empty() ? "none usable" : found) + ")";
+  return "no CUDA device of compute capability 9.0 or newer (found " +
+         (found.empty() ? "none usable" : found) + ")";
 }
 
 // ---- backend ---------------------------------------------------------------------------------------------
@@ -239,18 +264,22 @@ CudaBackend::CudaBackend(int device) : device_(device) {
             " CUDA devices)");
   }
   int major = 0, minor = 0;
-  STRATA_CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  STRATA_CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  STRATA_CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+            "cudaDeviceGetAttribute");
+  STRATA_CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+            "cudaDeviceGetAttribute");
   if (major < 9) {
-    throw Failure(STRATA_ERR_UNSUPPORTED, "cuda device " + std::to_string(device) + " is sm_" + std::to_string(major) +
-                                              std::to_string(minor) + "; this plugin needs sm_90 or newer");
+    throw Failure(STRATA_ERR_UNSUPPORTED, "cuda device " + std::to_string(device) + " is sm_" +
+                                              std::to_string(major) + std::to_string(minor) +
+                                              "; this plugin needs sm_90 or newer");
   }
   STRATA_CK(cudaSetDevice(device), "cudaSetDevice");
   STRATA_CK(cudaFree(nullptr), "context creation");
   if (const char* v = std::getenv("STRATA_CUDA_W4A16_MIN_ROWS")) {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
-    settings_.w4a16_min_rows = (end != v && *end == '\0' && n > 0 && n < (1L << 30)) ? static_cast<int>(n) : 0;
+    settings_.w4a16_min_rows =
+        (end != v && *end == '\0' && n > 0 && n < (1L << 30)) ? static_cast<int>(n) : 0;
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
@@ -336,7 +365,8 @@ void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
       s.dev_bytes = n;
       workspace_bytes_ += s.dev_bytes;
     }
-    if (e != cudaSuccess) throw_cuda(e, "cudaMalloc of " + std::to_string(p.dev_bytes) + " bytes of scratch", device_);
+    if (e != cudaSuccess)
+      throw_cuda(e, "cudaMalloc of " + std::to_string(p.dev_bytes) + " bytes of scratch", device_);
   }
   auto pinned = [&](char*& ptr, uint64_t& have, uint64_t need, const char* what) {
     if (have >= need) return;
@@ -348,9 +378,9 @@ void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
     const cudaError_t e = cudaHostAlloc(&h, n, cudaHostAllocDefault);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      throw Failure(STRATA_ERR_OUT_OF_MEMORY, "cuda device " + std::to_string(device_) + ": cudaHostAlloc of " +
-                                                  std::to_string(n) + " bytes of pinned " + what +
-                                                  " staging failed: " + cuda_text(e));
+      throw Failure(STRATA_ERR_OUT_OF_MEMORY,
+                    "cuda device " + std::to_string(device_) + ": cudaHostAlloc of " + std::to_string(n) +
+                        " bytes of pinned " + what + " staging failed: " + cuda_text(e));
     }
     ptr = static_cast<char*>(h);
     have = n;
@@ -365,24 +395,28 @@ const strata_resident* CudaBackend::own_resident(const strata_resident* r) {
   return residents_.count(r) != 0 ? r : nullptr;
 }
 
-// ---- planning ----------------------------------------------------------------------------------------------
+// ---- planning
+// ----------------------------------------------------------------------------------------------
 
 namespace {
 
 // Checks a matrix of a call and finds its device copy (resident) or schedules a staged copy of the host data.
 class MatrixResolver {
  public:
-  MatrixResolver(std::vector<Upload>* uploads, std::function<const strata_resident*(const strata_resident*)> own)
+  MatrixResolver(std::vector<Upload>* uploads,
+                 std::function<const strata_resident*(const strata_resident*)> own)
       : uploads_(uploads), own_(std::move(own)) {}
 
   MatRef resolve(const strata_matrix* m, const std::string& what) {
     if (m == nullptr || m->rows <= 0 || m->cols <= 0) invalid(what + ": empty or NULL matrix");
     if (!CudaBackend::supports(m->dtype)) {
-      throw Failure(STRATA_ERR_UNSUPPORTED, what + ": weight format " + dtype_name(m->dtype) +
-                                                " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
+      throw Failure(STRATA_ERR_UNSUPPORTED,
+                    what + ": weight format " + dtype_name(m->dtype) +
+                        " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
     }
     if (m->rows > kMaxDim || m->cols > kMaxDim) {
-      throw Failure(STRATA_ERR_UNSUPPORTED, what + ": " + std::to_string(m->rows) + " x " + std::to_string(m->cols) +
+      throw Failure(STRATA_ERR_UNSUPPORTED, what + ": " + std::to_string(m->rows) + " x " +
+                                                std::to_string(m->cols) +
                                                 " is larger than this backend handles (2^30 per side)");
     }
     MatRef r;
@@ -393,9 +427,10 @@ class MatrixResolver {
     r.dm.stride = device_row_bytes(m->dtype, m->cols);
     if (const strata_resident* res = own_(m->resident)) {
       if (res->m.dtype != m->dtype || res->m.rows != m->rows || res->m.cols != m->cols) {
-        invalid(what + ": the resident copy is a " + dtype_name(res->m.dtype) + " " + std::to_string(res->m.rows) +
-                " x " + std::to_string(res->m.cols) + " matrix, the matrix says " + dtype_name(m->dtype) + " " +
-                std::to_string(m->rows) + " x " + std::to_string(m->cols));
+        invalid(what + ": the resident copy is a " + dtype_name(res->m.dtype) + " " +
+                std::to_string(res->m.rows) + " x " + std::to_string(res->m.cols) +
+                " matrix, the matrix says " + dtype_name(m->dtype) + " " + std::to_string(m->rows) + " x " +
+                std::to_string(m->cols));
       }
       r.dm = res->m;
       return r;
@@ -426,7 +461,8 @@ void place_uploads(Plan& p, Layout& lay) {
   for (Upload& u : p.uploads) {
     const strata_matrix& m = *u.src;
     u.data_off = lay.take(device_data_bytes(m.dtype, m.rows, m.cols));
-    u.scale_off = is_q4(m.dtype) ? lay.take(static_cast<uint64_t>(scale_count(m.dtype, m.rows, m.cols)) * 4) : 0;
+    u.scale_off =
+        is_q4(m.dtype) ? lay.take(static_cast<uint64_t>(scale_count(m.dtype, m.rows, m.cols)) * 4) : 0;
   }
 }
 
@@ -436,7 +472,9 @@ struct ClassKey {
   bool tc;
   int32_t dtype;
   int splits;
-  bool operator<(const ClassKey& o) const { return std::tie(tc, dtype, splits) < std::tie(o.tc, o.dtype, o.splits); }
+  bool operator<(const ClassKey& o) const {
+    return std::tie(tc, dtype, splits) < std::tie(o.tc, o.dtype, o.splits);
+  }
   bool operator==(const ClassKey& o) const { return tc == o.tc && dtype == o.dtype && splits == o.splits; }
 };
 
@@ -467,7 +505,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const strata_expert_task& task = tasks[t];
     if (task.n_rows == 0) continue;
     const std::string tn = "expert_group: task " + std::to_string(t);
-    if (task.n_rows < 0 || task.expert == nullptr || task.rows == nullptr || task.out == nullptr || x == nullptr) {
+    if (task.n_rows < 0 || task.expert == nullptr || task.rows == nullptr || task.out == nullptr ||
+        x == nullptr) {
       invalid(tn + " is malformed");
     }
     const strata_expert& e = *task.expert;
@@ -484,7 +523,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     }
     for (int32_t r = 0; r < task.n_rows; ++r) {
       if (task.rows[r] < 0 || task.rows[r] >= n_x_rows) {
-        invalid(tn + " row index " + std::to_string(task.rows[r]) + " outside [0, " + std::to_string(n_x_rows) + ")");
+        invalid(tn + " row index " + std::to_string(task.rows[r]) + " outside [0, " +
+                std::to_string(n_x_rows) + ")");
       }
     }
     any_rows = true;
@@ -506,10 +546,14 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   // Launch classes and their n-tile counts.
   std::map<ClassKey, int> gu_nt, dn_nt;
   for (const Chunk& c : chunks) {
-    if (c.gu.tc) gu_nt[c.gu] = std::max(gu_nt[c.gu], nt_for(c.gu.splits, c.n));
-    else gu_nt[c.gu] = 0;
-    if (c.dn.tc) dn_nt[c.dn] = std::max(dn_nt[c.dn], nt_for(c.dn.splits, c.n));
-    else dn_nt[c.dn] = 0;
+    if (c.gu.tc)
+      gu_nt[c.gu] = std::max(gu_nt[c.gu], nt_for(c.gu.splits, c.n));
+    else
+      gu_nt[c.gu] = 0;
+    if (c.dn.tc)
+      dn_nt[c.dn] = std::max(dn_nt[c.dn], nt_for(c.dn.splits, c.n));
+    else
+      dn_nt[c.dn] = 0;
   }
   for (auto* m : {&gu_nt, &dn_nt}) {
     for (auto& [k, nt] : *m) {
@@ -517,8 +561,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     }
   }
 
-  // Layout: head, then per chunk its gate_up input operand and h operand, then outputs (task order), then staged
-  // host weights.
+  // Layout: head, then per chunk its gate_up input operand and h operand, then outputs (task order), then
+  // staged host weights.
   Layout lay;
   p.x = x;
   p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(hidden) * 4;
@@ -600,7 +644,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     JobSpec j;
-    j.rows_off = p.rows_off + (task_rows_at[static_cast<size_t>(c.task)] + static_cast<uint64_t>(c.start)) * 4;
+    j.rows_off =
+        p.rows_off + (task_rows_at[static_cast<size_t>(c.task)] + static_cast<uint64_t>(c.start)) * 4;
     j.x_ld = hidden;
     j.row0 = 0;
     j.n_tok = c.n;
@@ -684,7 +729,8 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   return p;
 }
 
-// ---- execution ---------------------------------------------------------------------------------------------
+// ---- execution
+// ---------------------------------------------------------------------------------------------
 
 void CudaBackend::stage(Slot& s, const Plan& p) {
   char* base = s.dev;
@@ -726,7 +772,8 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
     std::memcpy(&jobs[i], &j, sizeof j);
   }
   if (p.head_bytes > 0) {
-    STRATA_CK(cudaMemcpyAsync(base, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream), "copy of the inputs");
+    STRATA_CK(cudaMemcpyAsync(base, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream),
+              "copy of the inputs");
   }
   // Host weights: padded rows (the padding zeroed), then the scales. From pageable memory these copies return
   // once the data is staged by the driver, so the caller's weights need not outlive the call.
@@ -734,21 +781,21 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
     const strata_matrix& m = *u.src;
     const int64_t raw = host_row_bytes(m.dtype, m.cols), padded = device_row_bytes(m.dtype, m.cols);
     if (raw == padded) {
-      STRATA_CK(cudaMemcpyAsync(base + u.data_off, m.data, static_cast<size_t>(raw * m.rows), cudaMemcpyHostToDevice,
-                                s.stream),
+      STRATA_CK(cudaMemcpyAsync(base + u.data_off, m.data, static_cast<size_t>(raw * m.rows),
+                                cudaMemcpyHostToDevice, s.stream),
                 "copy of host weights");
     } else {
       STRATA_CK(cudaMemsetAsync(base + u.data_off, 0, static_cast<size_t>(padded * m.rows), s.stream),
                 "clearing staged weights");
-      STRATA_CK(cudaMemcpy2DAsync(base + u.data_off, static_cast<size_t>(padded), m.data, static_cast<size_t>(raw),
-                                  static_cast<size_t>(raw), static_cast<size_t>(m.rows), cudaMemcpyHostToDevice,
-                                  s.stream),
+      STRATA_CK(cudaMemcpy2DAsync(base + u.data_off, static_cast<size_t>(padded), m.data,
+                                  static_cast<size_t>(raw), static_cast<size_t>(raw),
+                                  static_cast<size_t>(m.rows), cudaMemcpyHostToDevice, s.stream),
                 "copy of host weights");
     }
     if (is_q4(m.dtype)) {
       STRATA_CK(cudaMemcpyAsync(base + u.scale_off, m.scales,
-                                static_cast<size_t>(scale_count(m.dtype, m.rows, m.cols)) * 4, cudaMemcpyHostToDevice,
-                                s.stream),
+                                static_cast<size_t>(scale_count(m.dtype, m.rows, m.cols)) * 4,
+                                cudaMemcpyHostToDevice, s.stream),
                 "copy of host scales");
     }
   }
@@ -759,14 +806,15 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   for (size_t first = 0; first < p.jobs.size(); first += kMaxGridY) {
     const int n = static_cast<int>(std::min<size_t>(kMaxGridY, p.jobs.size() - first));
-    STRATA_CK(launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, s.stream),
-              "launch of prep_operands");
+    STRATA_CK(
+        launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, s.stream),
+        "launch of prep_operands");
   }
   for (const LaunchSpec& l : p.launches) {
     for (int first = 0; first < l.n_items; first += kMaxGridY) {
       const int n = std::min(kMaxGridY, l.n_items - first);
-      const WorkItem* items =
-          reinterpret_cast<const WorkItem*>(s.dev + p.items_off) + l.first_item + static_cast<uint64_t>(first);
+      const WorkItem* items = reinterpret_cast<const WorkItem*>(s.dev + p.items_off) + l.first_item +
+                              static_cast<uint64_t>(first);
       cudaError_t e;
       std::string name;
       if (l.tc) {
@@ -784,8 +832,8 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
         e = l.gate_up ? launch_gate_up_simt(l.dtype, items, n, l.grid_x, s.stream)
                       : launch_linear_simt(l.dtype, items, n, l.grid_x, s.stream);
       }
-      STRATA_CK(e, "launch of " + name + " (splits " + std::to_string(l.splits) + ", n-tiles " + std::to_string(l.nt) +
-                       ", " + std::to_string(n) + " items)");
+      STRATA_CK(e, "launch of " + name + " (splits " + std::to_string(l.splits) + ", n-tiles " +
+                       std::to_string(l.nt) + ", " + std::to_string(n) + " items)");
     }
   }
 }
@@ -815,11 +863,12 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
     const int injected = fail_next_.exchange(0);
     if (injected == STRATA_ERR_OUT_OF_MEMORY) {
       throw Failure(STRATA_ERR_OUT_OF_MEMORY,
-                    "cuda device " + std::to_string(device_) + ": out of device memory (injected by STRATA_CUDA_FAIL_NEXT=oom)");
+                    "cuda device " + std::to_string(device_) +
+                        ": out of device memory (injected by STRATA_CUDA_FAIL_NEXT=oom)");
     }
     if (injected != 0) {
-      throw Failure(STRATA_ERR_DEVICE,
-                    "cuda device " + std::to_string(device_) + ": device error (injected by STRATA_CUDA_FAIL_NEXT=device)");
+      throw Failure(STRATA_ERR_DEVICE, "cuda device " + std::to_string(device_) +
+                                           ": device error (injected by STRATA_CUDA_FAIL_NEXT=device)");
     }
     launch(*s, p);
     finish(*s, p);
@@ -890,8 +939,9 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
   release_slot(s);
 }
 
-std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
-                                                  const strata_expert_task* tasks, int iters) {
+std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
+                                                  int32_t n_tasks, const strata_expert_task* tasks,
+                                                  int iters) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
   Slot* s = acquire_slot();
@@ -922,14 +972,16 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
   return ms;
 }
 
-// ---- device memory -----------------------------------------------------------------------------------------
+// ---- device memory
+// -----------------------------------------------------------------------------------------
 
 strata_resident* CudaBackend::upload(const strata_matrix& w) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   if (w.rows <= 0 || w.cols <= 0 || w.data == nullptr) invalid("upload_matrix: empty or NULL matrix");
   if (!supports(w.dtype)) {
-    throw Failure(STRATA_ERR_UNSUPPORTED, std::string("upload_matrix: weight format ") + dtype_name(w.dtype) +
-                                              " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
+    throw Failure(STRATA_ERR_UNSUPPORTED,
+                  std::string("upload_matrix: weight format ") + dtype_name(w.dtype) +
+                      " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
   }
   if (w.rows > kMaxDim || w.cols > kMaxDim) {
     throw Failure(STRATA_ERR_UNSUPPORTED, "upload_matrix: larger than this backend handles (2^30 per side)");
@@ -939,7 +991,8 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   const uint64_t data_bytes = device_data_bytes(w.dtype, w.rows, w.cols);
   void* d = nullptr;
   const cudaError_t e = cudaMalloc(&d, bytes);
-  if (e != cudaSuccess) throw_cuda(e, "cudaMalloc of " + std::to_string(bytes) + " bytes for a resident matrix", device_);
+  if (e != cudaSuccess)
+    throw_cuda(e, "cudaMalloc of " + std::to_string(bytes) + " bytes for a resident matrix", device_);
   char* base = static_cast<char*>(d);
   const int64_t raw = host_row_bytes(w.dtype, w.cols), padded = device_row_bytes(w.dtype, w.cols);
   try {
@@ -950,14 +1003,14 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
     } else {
       STRATA_CK(cudaMemsetAsync(base, 0, data_bytes, cudaStreamLegacy), "clearing a resident matrix");
       STRATA_CK(cudaMemcpy2DAsync(base, static_cast<size_t>(padded), w.data, static_cast<size_t>(raw),
-                                  static_cast<size_t>(raw), static_cast<size_t>(w.rows), cudaMemcpyHostToDevice,
-                                  cudaStreamLegacy),
+                                  static_cast<size_t>(raw), static_cast<size_t>(w.rows),
+                                  cudaMemcpyHostToDevice, cudaStreamLegacy),
                 "copy of a resident matrix");
     }
     if (is_q4(w.dtype)) {
       STRATA_CK(cudaMemcpyAsync(base + align_up(data_bytes), w.scales,
-                                static_cast<size_t>(scale_count(w.dtype, w.rows, w.cols)) * 4, cudaMemcpyHostToDevice,
-                                cudaStreamLegacy),
+                                static_cast<size_t>(scale_count(w.dtype, w.rows, w.cols)) * 4,
+                                cudaMemcpyHostToDevice, cudaStreamLegacy),
                 "copy of resident scales");
     }
     STRATA_CK(cudaStreamSynchronize(cudaStreamLegacy), "upload_matrix");

@@ -25,7 +25,9 @@ std::string& last_error_text() {
   return text;
 }
 
-const char* last_error() { return last_error_text().c_str(); }
+const char* last_error() {
+  return last_error_text().c_str();
+}
 
 strata_status fail(strata_status status, std::string message) {
   last_error_text() = std::move(message);
@@ -48,14 +50,17 @@ strata_status guarded(F&& f) noexcept {
   }
 }
 
-CudaBackend* as_cuda(strata_backend* b) { return reinterpret_cast<CudaBackend*>(b); }
+CudaBackend* as_cuda(strata_backend* b) {
+  return reinterpret_cast<CudaBackend*>(b);
+}
 
 strata_status cuda_create(const strata_backend_options* options, strata_backend** out) {
   return guarded([&] {
     if (out == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "create: out is NULL");
     *out = nullptr;
     int device = 0;
-    if (options != nullptr && options->struct_size >= offsetof(strata_backend_options, device) + sizeof(int32_t)) {
+    if (options != nullptr &&
+        options->struct_size >= offsetof(strata_backend_options, device) + sizeof(int32_t)) {
       device = options->device;
     }
     *out = reinterpret_cast<strata_backend*>(new CudaBackend(device));
@@ -63,11 +68,16 @@ strata_status cuda_create(const strata_backend_options* options, strata_backend*
   });
 }
 
-void cuda_destroy(strata_backend* b) { delete as_cuda(b); }
+void cuda_destroy(strata_backend* b) {
+  delete as_cuda(b);
+}
 
-int32_t cuda_supports(strata_backend*, int32_t dtype) { return CudaBackend::supports(dtype) ? 1 : 0; }
+int32_t cuda_supports(strata_backend*, int32_t dtype) {
+  return CudaBackend::supports(dtype) ? 1 : 0;
+}
 
-strata_status cuda_matmul(strata_backend* b, const strata_matrix* w, const float* x, int64_t n_x_rows, float* y) {
+strata_status cuda_matmul(strata_backend* b, const strata_matrix* w, const float* x, int64_t n_x_rows,
+                          float* y) {
   return guarded([&] {
     if (b == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "matmul: backend is NULL");
     if (w == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "matmul: empty or NULL matrix");
@@ -76,8 +86,8 @@ strata_status cuda_matmul(strata_backend* b, const strata_matrix* w, const float
   });
 }
 
-strata_status cuda_expert_group(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
-                                const strata_expert_task* tasks) {
+strata_status cuda_expert_group(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden,
+                                int32_t n_tasks, const strata_expert_task* tasks) {
   return guarded([&] {
     if (b == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "expert_group: backend is NULL");
     as_cuda(b)->expert_group(x, n_x_rows, hidden, n_tasks, tasks);
@@ -106,7 +116,8 @@ strata_status cuda_free(strata_backend* b, strata_resident* r) {
 
 strata_status cuda_memory_info(strata_backend* b, strata_memory_info* out) {
   return guarded([&] {
-    if (b == nullptr || out == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "memory_info: NULL backend or out");
+    if (b == nullptr || out == nullptr)
+      return fail(STRATA_ERR_INVALID_ARGUMENT, "memory_info: NULL backend or out");
     *out = as_cuda(b)->memory_info();
     return STRATA_OK;
   });
@@ -115,7 +126,8 @@ strata_status cuda_memory_info(strata_backend* b, strata_memory_info* out) {
 strata_status cuda_issue(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
                          const strata_expert_task* tasks, strata_group** out) {
   return guarded([&] {
-    if (b == nullptr || out == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "expert_group_issue: NULL backend or out");
+    if (b == nullptr || out == nullptr)
+      return fail(STRATA_ERR_INVALID_ARGUMENT, "expert_group_issue: NULL backend or out");
     *out = nullptr;
     *out = as_cuda(b)->issue(x, n_x_rows, hidden, n_tasks, tasks);
     return STRATA_OK;
@@ -145,8 +157,9 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
     v.struct_size = sizeof(strata_plugin_vtable);
     v.name = STRATA_CUDA_PLUGIN_NAME;
     v.version = STRATA_VERSION;
-    v.description = "NVIDIA GPUs, sm_90+: int4 expert groups on tensor cores (f32-exact and W4A16), f32 SIMT for "
-                    "float weights, device-resident weights, asynchronous groups";
+    v.description =
+        "NVIDIA GPUs, sm_90+: int4 expert groups on tensor cores (f32-exact and W4A16), f32 SIMT for "
+        "float weights, device-resident weights, asynchronous groups";
     v.last_error = &last_error;
     v.create = &cuda_create;
     v.destroy = &cuda_destroy;
@@ -165,11 +178,12 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   return &vtable;
 }
 
-// 0 with the reason when no driver, no device or none of sm_90+ (STRATA_CUDA_PROBE=off forces that answer, for
-// tests). Otherwise 50: above cpu_generic, below cpu_avx512. Until the core keeps weights resident on the device
-// (expert tiers), every call through this plugin copies its host weights over PCIe, which is slower than an
-// AVX-512 CPU reading them from RAM; so `auto` prefers it only over the portable plugin, and a config that wants
-// the GPU names it (backends.experts: [cuda]). Raise above 100 once weights are uploaded by the core.
+// 0 with the reason when no driver, no device or none of sm_90+ (STRATA_CUDA_PROBE=off forces that answer,
+// for tests). Otherwise 50: above cpu_generic, below cpu_avx512. Until the core keeps weights resident on the
+// device (expert tiers), every call through this plugin copies its host weights over PCIe, which is slower
+// than an AVX-512 CPU reading them from RAM; so `auto` prefers it only over the portable plugin, and a config
+// that wants the GPU names it (backends.experts: [cuda]). Raise above 100 once weights are uploaded by the
+// core.
 STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
   const char* force = std::getenv("STRATA_CUDA_PROBE");
   if (force != nullptr && std::strcmp(force, "off") == 0) {

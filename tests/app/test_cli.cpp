@@ -1,4 +1,5 @@
-// The strata executable, run as a user would: plugins, generate, logits (the oracle interface), inspect, errors.
+// The strata executable, run as a user would: plugins, generate, logits (the oracle interface), inspect,
+// errors.
 #include "strata/error.hpp"
 #include "test_util.hpp"
 
@@ -6,8 +7,12 @@ using namespace strata;
 using namespace strata::test;
 
 namespace {
-std::string bin() { return std::string("'") + STRATA_BIN + "'"; }
-std::string fixture(const char* n) { return "'" + (fixtures_dir() / n).string() + "'"; }
+std::string bin() {
+  return std::string("'") + STRATA_BIN + "'";
+}
+std::string fixture(const char* n) {
+  return "'" + (fixtures_dir() / n).string() + "'";
+}
 std::string ids_of(const std::vector<int32_t>& v) {
   std::string s;
   for (auto i : v) s += (s.empty() ? "" : ",") + std::to_string(i);
@@ -30,17 +35,18 @@ TEST_CASE("strata generate prints transformers' greedy tokens; logits writes the
   const Expected ex = load_expected(fixtures_dir() / "qwen3_moe-tiny");
   std::string out;
   const int n_new = static_cast<int>(ex.sequence.size() - ex.prompt.size());
-  REQUIRE(run_command(bin() + " generate --model " + fixture("qwen3_moe-tiny") + " --ids " + ids_of(ex.prompt) +
-                          " --max-new " + std::to_string(n_new) + " --greedy --print-ids",
+  REQUIRE(run_command(bin() + " generate --model " + fixture("qwen3_moe-tiny") + " --ids " +
+                          ids_of(ex.prompt) + " --max-new " + std::to_string(n_new) + " --greedy --print-ids",
                       &out) == 0);
   std::string want;
-  for (size_t i = ex.prompt.size(); i < ex.sequence.size(); ++i) want += (want.empty() ? "" : " ") + std::to_string(ex.sequence[i]);
+  for (size_t i = ex.prompt.size(); i < ex.sequence.size(); ++i)
+    want += (want.empty() ? "" : " ") + std::to_string(ex.sequence[i]);
   CHECK(out == want + "\n");
 
   TempDir tmp;
   const fs::path f = tmp.path() / "l.safetensors";
-  REQUIRE(run_command(bin() + " logits --model " + fixture("qwen3_moe-tiny") + " --ids " + ids_of(ex.sequence) +
-                          " --prefill 4 --out '" + f.string() + "'",
+  REQUIRE(run_command(bin() + " logits --model " + fixture("qwen3_moe-tiny") + " --ids " +
+                          ids_of(ex.sequence) + " --prefill 4 --out '" + f.string() + "'",
                       &out) == 0);
   SafetensorsFile r(f);
   const TensorInfo* t = r.find("logits");
@@ -69,13 +75,16 @@ TEST_CASE("bad input gives a clear message and a non-zero exit") {
   CHECK(out.find("--ids: 'x' is not a token id") != std::string::npos);
   CHECK(run_command(bin() + " generate --model " + fixture("qwen3_moe-tiny") + " --ids 1,99999", &out) == 1);
   CHECK(out.find("outside the vocabulary") != std::string::npos);
-  CHECK(run_command(bin() + " logits --model " + fixture("qwen3_moe-tiny") + " --ids 1,2 --prefill 5 --out /tmp/x", &out) == 1);
+  CHECK(run_command(
+            bin() + " logits --model " + fixture("qwen3_moe-tiny") + " --ids 1,2 --prefill 5 --out /tmp/x",
+            &out) == 1);
   CHECK(out.find("--prefill 5 exceeds") != std::string::npos);
   TempDir tmp;
   write_text(tmp.path() / "bad.yaml", "backends:\n  dense: cpu_generic\n  turbo: true\n");
   CHECK(run_command(bin() + " plugins --config '" + (tmp.path() / "bad.yaml").string() + "'", &out) == 1);
   CHECK(out.find("bad.yaml:3: unknown key 'backends.turbo'") != std::string::npos);
-  write_text(tmp.path() / "cfg.yaml", "backends:\n  dense: cpu_generic\n  experts: [cpu_generic]\nscheduler:\n  threads: 1\n");
+  write_text(tmp.path() / "cfg.yaml",
+             "backends:\n  dense: cpu_generic\n  experts: [cpu_generic]\nscheduler:\n  threads: 1\n");
   CHECK(run_command(bin() + " generate --config '" + (tmp.path() / "cfg.yaml").string() + "' --model " +
                         fixture("qwen3_moe-tiny") + " --ids 1,2,3 --max-new 2",
                     &out) == 0);

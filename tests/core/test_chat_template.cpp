@@ -11,15 +11,17 @@ using namespace strata;
 using namespace strata::test;
 using ojson = nlohmann::ordered_json;
 
-#define CHECK_CONTAINS(expr, sub)                                      \
-  do {                                                                 \
-    const std::string got_ = (expr);                                   \
+#define CHECK_CONTAINS(expr, sub)                                        \
+  do {                                                                   \
+    const std::string got_ = (expr);                                     \
     CHECK_MESSAGE(got_.find(sub) != std::string::npos, "got: " << got_); \
   } while (0)
 
 namespace {
 
-fs::path templates_dir() { return fixtures_dir() / "chat_templates"; }
+fs::path templates_dir() {
+  return fixtures_dir() / "chat_templates";
+}
 
 const ojson& cases() {
   static const ojson c = ojson::parse(read_text(templates_dir() / "cases.json"));
@@ -78,7 +80,9 @@ TEST_CASE("real chat templates render exactly as transformers' jinja2 environmen
   CHECK(errors >= 1);
 }
 
-TEST_CASE("feature snippets match jinja2: whitespace control, expressions, loops, macros, filters, tests, methods") {
+TEST_CASE(
+    "feature snippets match jinja2: whitespace control, expressions, loops, macros, filters, tests, "
+    "methods") {
   for (const auto& s : cases()["snippets"]) {
     const std::string src = s["source"].get<std::string>();
     CAPTURE(src);
@@ -109,7 +113,8 @@ TEST_CASE("from_tokenizer_config: string, list with default, chat_template.jinja
   cfg = ojson::object();
   cfg["bos_token"] = nullptr;
   cfg["eos_token"] = "<|im_end|>";
-  cfg["chat_template"] = ojson::array({{{"name", "tool_use"}, {"template", "TOOLS"}}, {{"name", "default"}, {"template", qwen}}});
+  cfg["chat_template"] = ojson::array(
+      {{{"name", "tool_use"}, {"template", "TOOLS"}}, {{"name", "default"}, {"template", qwen}}});
   write_text(dir.path() / "tokenizer_config.json", cfg.dump());
   auto q = ChatTemplate::from_tokenizer_config(dir.path() / "tokenizer_config.json");
   CHECK(q.bos_token().empty());
@@ -151,12 +156,14 @@ TEST_CASE("render context: messages, tools, documents, add_generation_prompt, ex
   ChatTemplate t("{{ messages|length }}|{{ tools }}|{{ documents }}|{{ add_generation_prompt }}|{{ flag }}");
   CHECK(t.render(msgs, true) == "1|None|None|True|");
   CHECK(t.render(msgs, false, {{"flag", 3}, {"tools", {1}}}) == "1|[1]|None|False|3");
-  CHECK_THROWS_WITH_AS(t.render(msgs, false, {{"messages", 1}}), doctest::Contains("extra variable 'messages'"), Error);
-  CHECK_THROWS_WITH_AS(t.render(nlohmann::json::object(), false), doctest::Contains("messages must be a JSON array"),
-                       Error);
+  CHECK_THROWS_WITH_AS(t.render(msgs, false, {{"messages", 1}}),
+                       doctest::Contains("extra variable 'messages'"), Error);
+  CHECK_THROWS_WITH_AS(t.render(nlohmann::json::object(), false),
+                       doctest::Contains("messages must be a JSON array"), Error);
   // tojson keeps the caller's key order with ordered_json; nlohmann::json has already sorted the keys.
   ChatTemplate j("{{ messages[0]|tojson }}");
-  CHECK(j.render(ojson::parse(R"([{"role": "user", "content": "é"}])"), false) == R"({"role": "user", "content": "é"})");
+  CHECK(j.render(ojson::parse(R"([{"role": "user", "content": "é"}])"), false) ==
+        R"({"role": "user", "content": "é"})");
   CHECK(j.render(nlohmann::json::parse(R"([{"role": "user", "content": "é"}])"), false) ==
         R"({"content": "é", "role": "user"})");
 }
@@ -175,9 +182,10 @@ TEST_CASE("strftime_now formats the current local time") {
 TEST_CASE("syntax errors and unsupported constructs name the construct and the line") {
   auto parse = [](const std::string& src) { return error_of([&] { ChatTemplate t(src); }); };
   CHECK(parse("a\n{% include 'x.jinja' %}") ==
-        std::string("[chat_template] line 2: unsupported tag '{% include %}' (supported tags: if/elif/else/endif, "
-                    "for/else/endfor, set/endset, macro/endmacro, filter/endfilter, with/endwith, raw/endraw, break, "
-                    "continue, generation/endgeneration)"));
+        std::string(
+            "[chat_template] line 2: unsupported tag '{% include %}' (supported tags: if/elif/else/endif, "
+            "for/else/endfor, set/endset, macro/endmacro, filter/endfilter, with/endwith, raw/endraw, break, "
+            "continue, generation/endgeneration)"));
   CHECK_CONTAINS(parse("\n\n{% frobnicate %}"), "line 3: unknown tag '{% frobnicate %}'");
   CHECK_CONTAINS(parse("{% extends 'base' %}"), "line 1: unsupported tag '{% extends %}'");
   CHECK_CONTAINS(parse("{% call m() %}x{% endcall %}"), "unsupported tag '{% call %}'");
@@ -204,14 +212,16 @@ TEST_CASE("runtime errors name the template line") {
   CHECK(run("ok\n{{ raise_exception('Only user and assistant roles are supported!') }}") ==
         "[chat_template] line 2: raise_exception: Only user and assistant roles are supported!");
   CHECK(run("\n\n{{ nothing.attr }}") == "[chat_template] line 3: 'nothing' is undefined");
-  CHECK(run("{{ messages[0].content.strip() }}") == "[chat_template] line 1: 'dict object' has no attribute 'content'");
+  CHECK(run("{{ messages[0].content.strip() }}") ==
+        "[chat_template] line 1: 'dict object' has no attribute 'content'");
   CHECK(run("{{ 1 / 0 }}") == "[chat_template] line 1: division by zero");
   CHECK(run("{{ 'a' + 1 }}") == "[chat_template] line 1: can only concatenate str (not \"int\") to str");
   CHECK(run("{% for m in messages %}\n{{ m.role + m.nope }}{% endfor %}") ==
         "[chat_template] line 2: 'dict object' has no attribute 'nope'");
   CHECK(run("{% set ns = namespace(l=[]) %}{{ ns.l.append(1) }}") ==
         "[chat_template] line 1: access to attribute 'append' of 'list' object is unsafe.");
-  CHECK(run("{% set x = 1 %}{% set x.a = 2 %}") == "[chat_template] line 1: cannot assign attribute on non-namespace object");
+  CHECK(run("{% set x = 1 %}{% set x.a = 2 %}") ==
+        "[chat_template] line 1: cannot assign attribute on non-namespace object");
   CHECK(run("{% macro m() %}\n\n{{ raise_exception('in macro') }}{% endmacro %}\n{{ m() }}") ==
         "[chat_template] line 3: raise_exception: in macro");
   CHECK(run("{{ messages|tojson }}{{ nothing|tojson }}") ==

@@ -80,7 +80,8 @@ TEST_CASE("round trip error is bounded by half a step; Q4_ROW uses one scale per
       }
     }
   }
-  CHECK_THROWS_WITH_AS(quantize_q4(w, rows, cols, WeightFormat::BF16), doctest::Contains("not an int4 format"), Error);
+  CHECK_THROWS_WITH_AS(quantize_q4(w, rows, cols, WeightFormat::BF16),
+                       doctest::Contains("not an int4 format"), Error);
   CHECK(parse_quant_name("q4_g64") == WeightFormat::Q4_G64);
   CHECK(parse_quant_name("q4_row") == WeightFormat::Q4_ROW);
   CHECK(!parse_quant_name("none").has_value());

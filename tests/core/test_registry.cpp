@@ -30,7 +30,8 @@ TEST_CASE("the build's plugins are found, versioned and scored") {
   if (a->usable) {
     CHECK(a->score > g->score);
     const auto ranked = reg.ranked();  // a usable GPU plugin may rank above both
-    const auto cpu = std::find_if(ranked.begin(), ranked.end(), [](auto* p) { return p->name.rfind("cpu_", 0) == 0; });
+    const auto cpu =
+        std::find_if(ranked.begin(), ranked.end(), [](auto* p) { return p->name.rfind("cpu_", 0) == 0; });
     REQUIRE(cpu != ranked.end());
     CHECK((*cpu)->name == "cpu_avx512");
   } else {
@@ -104,20 +105,24 @@ TEST_CASE("backend choice from the config") {
   CHECK(b.dense->name() == "cpu_generic");
   CHECK(b.experts.size() == 1);
   cfg.backends.experts = {"cuda_nonexistent"};
-  CHECK_THROWS_WITH_AS(choose_backends(reg, cfg), doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);
+  CHECK_THROWS_WITH_AS(choose_backends(reg, cfg),
+                       doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);
   PluginRegistry broken({fs::path(STRATA_TEST_PLUGIN_DIR)});
   cfg.backends.dense = "score_zero";
   CHECK_THROWS_WITH_AS(choose_backends(broken, cfg), doctest::Contains("no usable backend plugin"), Error);
   PluginRegistry mixed({fs::path(STRATA_TEST_PLUGIN_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR)});
-  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg), doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
 }
 
-TEST_CASE("the vtable size check: a plugin from before the device slots is refused; CPU plugins leave them NULL") {
+TEST_CASE(
+    "the vtable size check: a plugin from before the device slots is refused; CPU plugins leave them NULL") {
   PluginRegistry reg({fs::path(STRATA_TEST_OLD_PLUGIN_DIR)});
   const PluginRecord* old = record(reg, "old_vtable");
   REQUIRE(old != nullptr);
   CHECK(!old->usable);
-  CHECK(old->reason.find("smaller than the " + std::to_string(STRATA_PLUGIN_VTABLE_MIN_SIZE)) != std::string::npos);
+  CHECK(old->reason.find("smaller than the " + std::to_string(STRATA_PLUGIN_VTABLE_MIN_SIZE)) !=
+        std::string::npos);
   // The CPU plugins carry the whole vtable with the device slots empty.
   const PluginRecord* g = record(build_registry(), "cpu_generic");
   REQUIRE(g != nullptr);

@@ -1,4 +1,5 @@
-// YAML runtime config: accepted forms, and clear errors with the line for unknown keys, wrong types, bad YAML.
+// YAML runtime config: accepted forms, and clear errors with the line for unknown keys, wrong types, bad
+// YAML.
 #include "strata/error.hpp"
 #include "strata/runtime_config.hpp"
 #include "test_util.hpp"
@@ -21,7 +22,8 @@ memory:
 scheduler:
   threads: 8
   overlap: false
-)", "/etc/strata/x.yaml");
+)",
+                                        "/etc/strata/x.yaml");
   REQUIRE(cfg.plugins.path.size() == 2);
   CHECK(cfg.plugins.path[0] == fs::path("/etc/strata/extra"));
   CHECK(cfg.plugins.path[1] == fs::path("/opt/strata/plugins"));
@@ -47,11 +49,11 @@ TEST_CASE("empty config gives defaults; the shipped configs parse") {
 }
 
 TEST_CASE("errors name the file, the line and what was expected") {
-  CHECK_THROWS_WITH_AS(parse_runtime_config("backends:\n  dense: cpu_generic\n  expert: [x]\n", "c.yaml"),
-                       doctest::Contains("c.yaml:3: unknown key 'backends.expert' (expected one of: dense, experts)"),
-                       Error);
-  CHECK_THROWS_WITH_AS(parse_runtime_config("colour: blue\n", "c.yaml"), doctest::Contains("c.yaml:1: unknown key 'colour'"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      parse_runtime_config("backends:\n  dense: cpu_generic\n  expert: [x]\n", "c.yaml"),
+      doctest::Contains("c.yaml:3: unknown key 'backends.expert' (expected one of: dense, experts)"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("colour: blue\n", "c.yaml"),
+                       doctest::Contains("c.yaml:1: unknown key 'colour'"), Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  threads: many\n", "c.yaml"),
                        doctest::Contains("c.yaml:2: 'scheduler.threads' must be a number"), Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  threads: 2.5\n", "c.yaml"),
@@ -59,10 +61,12 @@ TEST_CASE("errors name the file, the line and what was expected") {
   CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  overlap: maybe\n", "c.yaml"),
                        doctest::Contains("'scheduler.overlap' must be true or false"), Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("memory:\n  ram_gb: lots\n", "c.yaml"),
-                       doctest::Contains("c.yaml:2: 'memory.ram_gb' must be 'auto' or a non-negative number"), Error);
+                       doctest::Contains("c.yaml:2: 'memory.ram_gb' must be 'auto' or a non-negative number"),
+                       Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("backends: [a, b]\n", "c.yaml"),
                        doctest::Contains("'backends' must be a mapping"), Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("backends:\n  dense: [a\n", "c.yaml"),
                        doctest::Contains("malformed YAML"), Error);
-  CHECK_THROWS_WITH_AS(load_runtime_config("/nonexistent/strata.yaml"), doctest::Contains("cannot open"), Error);
+  CHECK_THROWS_WITH_AS(load_runtime_config("/nonexistent/strata.yaml"), doctest::Contains("cannot open"),
+                       Error);
 }

@@ -1,4 +1,5 @@
-// safetensors reader and writer: round trip, sharded sets, and every malformed-file error names file and tensor.
+// safetensors reader and writer: round trip, sharded sets, and every malformed-file error names file and
+// tensor.
 #include <cstring>
 
 #include "strata/error.hpp"
@@ -17,7 +18,9 @@ std::vector<std::byte> raw_file(const std::string& header, size_t data_bytes) {
   return out;
 }
 
-void write_raw(const fs::path& p, const std::vector<std::byte>& b) { write_file_atomic(p, b); }
+void write_raw(const fs::path& p, const std::vector<std::byte>& b) {
+  write_file_atomic(p, b);
+}
 
 }  // namespace
 
@@ -71,38 +74,49 @@ TEST_CASE("malformed headers") {
   write_raw(p, raw_file("{not json", 0));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("not valid JSON"), Error);
   write_raw(p, raw_file(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})", 16));
-  CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("needs 16 bytes but data_offsets span 12"), Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("needs 16 bytes but data_offsets span 12"),
+                       Error);
   write_raw(p, raw_file(R"({"w":{"dtype":"Q9","shape":[2],"data_offsets":[0,2]}})", 2));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("unsupported dtype 'Q9'"), Error);
   write_raw(p, raw_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("non-negative"), Error);
   write_raw(p, raw_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("reversed"), Error);
-  write_raw(p, raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
+  write_raw(
+      p,
+      raw_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          12));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("overlap"), Error);
   write_raw(p, raw_file(R"({"w":{"dtype":"F32","shape":[1]}})", 4));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("tensor 'w'"), Error);
   write_raw(p, raw_file(R"([1,2])", 0));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("JSON object"), Error);
-  CHECK_THROWS_WITH_AS(SafetensorsFile{tmp.path() / "absent.safetensors"}, doctest::Contains("cannot open"), Error);
+  CHECK_THROWS_WITH_AS(SafetensorsFile{tmp.path() / "absent.safetensors"}, doctest::Contains("cannot open"),
+                       Error);
 }
 
 TEST_CASE("sharded checkpoints through model.safetensors.index.json") {
   TempDir tmp;
   std::vector<float> a = {1, 2}, b = {3, 4, 5};
-  write_safetensors(tmp.path() / "model-00001-of-00002.safetensors", {{"a", DType::F32, {2}, std::as_bytes(std::span(a))}});
-  write_safetensors(tmp.path() / "model-00002-of-00002.safetensors", {{"b", DType::F32, {3}, std::as_bytes(std::span(b))}});
-  write_text(tmp.path() / "model.safetensors.index.json",
-             R"({"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})");
+  write_safetensors(tmp.path() / "model-00001-of-00002.safetensors",
+                    {{"a", DType::F32, {2}, std::as_bytes(std::span(a))}});
+  write_safetensors(tmp.path() / "model-00002-of-00002.safetensors",
+                    {{"b", DType::F32, {3}, std::as_bytes(std::span(b))}});
+  write_text(
+      tmp.path() / "model.safetensors.index.json",
+      R"({"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}})");
   SafetensorsSet set(tmp.path());
   CHECK(set.size() == 2);
   REQUIRE(set.find("b"));
   CHECK(std::memcmp(set.find("b")->data(), b.data(), 12) == 0);
   CHECK(set.find("b")->file->path().filename() == "model-00002-of-00002.safetensors");
 
-  write_text(tmp.path() / "model.safetensors.index.json",
-             R"({"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00003-of-00003.safetensors"}})");
-  CHECK_THROWS_WITH_AS(SafetensorsSet{tmp.path()}, doctest::Contains("shard 'model-00003-of-00003.safetensors'"), Error);
+  write_text(
+      tmp.path() / "model.safetensors.index.json",
+      R"({"weight_map":{"a":"model-00001-of-00002.safetensors","c":"model-00003-of-00003.safetensors"}})");
+  CHECK_THROWS_WITH_AS(SafetensorsSet{tmp.path()},
+                       doctest::Contains("shard 'model-00003-of-00003.safetensors'"), Error);
   write_text(tmp.path() / "model.safetensors.index.json",
              R"({"weight_map":{"zz":"model-00001-of-00002.safetensors"}})");
   CHECK_THROWS_WITH_AS(SafetensorsSet{tmp.path()}, doctest::Contains("tensor 'zz' is listed"), Error);

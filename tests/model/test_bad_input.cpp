@@ -10,8 +10,9 @@ namespace {
 // A copy of a fixture whose model.safetensors is rewritten through `edit` (tensor list in, tensor list out).
 struct EditedCopy {
   TempDir tmp;
-  explicit EditedCopy(const char* fixture,
-                      const std::function<void(std::vector<TensorToWrite>&, std::vector<std::vector<std::byte>>&)>& edit) {
+  explicit EditedCopy(
+      const char* fixture,
+      const std::function<void(std::vector<TensorToWrite>&, std::vector<std::vector<std::byte>>&)>& edit) {
     const fs::path src = fixtures_dir() / fixture;
     fs::copy(src / "config.json", tmp.path() / "config.json");
     SafetensorsFile f(src / "model.safetensors");
@@ -26,7 +27,9 @@ struct EditedCopy {
   const fs::path& path() const { return tmp.path(); }
 };
 
-void load(const fs::path& dir) { (void)Model::load(dir, backends_named()); }
+void load(const fs::path& dir) {
+  (void)Model::load(dir, backends_named());
+}
 
 }  // namespace
 
@@ -36,8 +39,8 @@ TEST_CASE("missing config.json and unknown model_type") {
   CHECK_THROWS_WITH_AS(load(tmp.path() / "nope"), doctest::Contains("not a model directory"), Error);
   fs::copy(fixtures_dir() / "qwen3_moe-tiny" / "model.safetensors", tmp.path() / "model.safetensors");
   write_text(tmp.path() / "config.json", R"({"model_type": "gpt2", "hidden_size": 8})");
-  CHECK_THROWS_WITH_AS(load(tmp.path()), doctest::Contains("model_type 'gpt2' is not supported (expected qwen3_moe"),
-                       Error);
+  CHECK_THROWS_WITH_AS(load(tmp.path()),
+                       doctest::Contains("model_type 'gpt2' is not supported (expected qwen3_moe"), Error);
 }
 
 TEST_CASE("truncated safetensors names the file and the tensor") {
@@ -53,12 +56,14 @@ TEST_CASE("truncated safetensors names the file and the tensor") {
 
 TEST_CASE("a missing tensor is named with the shape that was expected") {
   EditedCopy c("qwen3_moe-tiny", [](auto& ts, auto&) {
-    std::erase_if(ts, [](const TensorToWrite& t) { return t.name == "model.layers.1.mlp.experts.7.up_proj.weight"; });
+    std::erase_if(
+        ts, [](const TensorToWrite& t) { return t.name == "model.layers.1.mlp.experts.7.up_proj.weight"; });
   });
-  CHECK_THROWS_WITH_AS(load(c.path()),
-                       doctest::Contains("missing tensor 'model.layers.1.mlp.experts.7.up_proj.weight' (expected shape "
-                                         "[64, 128] for model_type qwen3_moe)"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      load(c.path()),
+      doctest::Contains("missing tensor 'model.layers.1.mlp.experts.7.up_proj.weight' (expected shape "
+                        "[64, 128] for model_type qwen3_moe)"),
+      Error);
 }
 
 TEST_CASE("a mis-shaped tensor is named with both shapes") {
@@ -67,10 +72,11 @@ TEST_CASE("a mis-shaped tensor is named with both shapes") {
       if (t.name == "model.layers.2.self_attn.kv_b_proj.weight") t.shape = {128, 128};
     }
   });
-  CHECK_THROWS_WITH_AS(load(c.path()),
-                       doctest::Contains("tensor 'model.layers.2.self_attn.kv_b_proj.weight' has shape [128, 128], "
-                                         "expected [256, 64]"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      load(c.path()),
+      doctest::Contains("tensor 'model.layers.2.self_attn.kv_b_proj.weight' has shape [128, 128], "
+                        "expected [256, 64]"),
+      Error);
 }
 
 TEST_CASE("a tensor of the wrong dtype is named") {
@@ -83,10 +89,11 @@ TEST_CASE("a tensor of the wrong dtype is named") {
       }
     }
   });
-  CHECK_THROWS_WITH_AS(load(c.path()),
-                       doctest::Contains("tensor 'model.layers.0.self_attn.o_proj.weight' has dtype I32, expected F32, "
-                                         "BF16 or F16"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      load(c.path()),
+      doctest::Contains("tensor 'model.layers.0.self_attn.o_proj.weight' has dtype I32, expected F32, "
+                        "BF16 or F16"),
+      Error);
 }
 
 TEST_CASE("tied embeddings: lm_head may be absent when tie_word_embeddings is true") {

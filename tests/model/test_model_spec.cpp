@@ -42,7 +42,8 @@ TEST_CASE("fixture configs map to the right families and layer kinds") {
 
 TEST_CASE("yarn softmax scale and qwen3 layer rules") {
   auto j = fixture_config("deepseek_v3-tiny");
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 40.0}, {"mscale", 1.0},
+  j["rope_parameters"] = {{"rope_type", "yarn"},   {"rope_theta", 10000.0},
+                          {"factor", 40.0},        {"mscale", 1.0},
                           {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}};
   const ModelSpec s = spec_of(j);
   const double m = 0.1 * std::log(40.0) + 1.0;
@@ -66,10 +67,12 @@ TEST_CASE("bad config.json: errors name the field and what was expected") {
   CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("model_type 'llama_moe_9000' is not supported"), Error);
   j = fixture_config("qwen3_moe-tiny");
   j.erase("hidden_size");
-  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'hidden_size' is missing (expected an integer)"), Error);
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'hidden_size' is missing (expected an integer)"),
+                       Error);
   j = fixture_config("qwen3_moe-tiny");
   j["num_attention_heads"] = "four";
-  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'num_attention_heads' must be an integer"), Error);
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'num_attention_heads' must be an integer"),
+                       Error);
   j = fixture_config("qwen3_moe-tiny");
   j["num_key_value_heads"] = 3;
   CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("must divide num_attention_heads"), Error);

@@ -17,10 +17,14 @@ struct HostMatrix {
   int64_t rows, cols;
   std::vector<std::byte> bytes;
   std::vector<float> scales;  // int4 formats
-  Matrix view() const { return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()}; }
+  Matrix view() const {
+    return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()};
+  }
 };
 
-bool is_q4(WeightFormat f) { return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64; }
+bool is_q4(WeightFormat f) {
+  return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64;
+}
 
 uint16_t to_bf16(float f) {
   uint32_t b;
@@ -49,7 +53,9 @@ HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t rows, int6
     m.bytes.resize(n * 2);
     for (size_t i = 0; i < n; ++i) {
       const float v = d(rng);
-      const uint16_t h = fmt == WeightFormat::BF16 ? to_bf16(v) : static_cast<uint16_t>(std::bit_cast<uint16_t>(static_cast<_Float16>(v)));
+      const uint16_t h = fmt == WeightFormat::BF16
+                             ? to_bf16(v)
+                             : static_cast<uint16_t>(std::bit_cast<uint16_t>(static_cast<_Float16>(v)));
       std::memcpy(m.bytes.data() + 2 * i, &h, 2);
     }
   }
@@ -97,12 +103,16 @@ std::vector<std::string> plugins_under_test() {
   return names;
 }
 
-const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::Q4_ROW,
-                                 WeightFormat::Q4_G64};
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                                 WeightFormat::Q4_ROW, WeightFormat::Q4_G64};
 
 // The same matrix as F32 holding the dequantized values (the int4 exact-mode contract).
 HostMatrix dequantized(const HostMatrix& q) {
-  HostMatrix f{WeightFormat::F32, q.rows, q.cols, std::vector<std::byte>(static_cast<size_t>(q.rows * q.cols) * 4), {}};
+  HostMatrix f{WeightFormat::F32,
+               q.rows,
+               q.cols,
+               std::vector<std::byte>(static_cast<size_t>(q.rows * q.cols) * 4),
+               {}};
   dequantize_q4(q.view(), reinterpret_cast<float*>(f.bytes.data()));
   return f;
 }
@@ -114,11 +124,16 @@ TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the referenc
   auto ref = backends_named("cpu_generic", 0);
   const auto names = plugins_under_test();
   MESSAGE("plugins under test: " << fmt::format("{}", fmt::join(names, ", ")));
-  struct Shape { int64_t o, i, s; };
+  struct Shape {
+    int64_t o, i, s;
+  };
   for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
                    Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}}) {
     for (WeightFormat f : kFormats) {
-      CAPTURE(sh.o); CAPTURE(sh.i); CAPTURE(sh.s); CAPTURE(weight_format_name(f));
+      CAPTURE(sh.o);
+      CAPTURE(sh.i);
+      CAPTURE(sh.s);
+      CAPTURE(weight_format_name(f));
       const HostMatrix w = random_matrix(rng, f, sh.o, sh.i);
       const auto x = random_vec(rng, static_cast<size_t>(sh.s * sh.i));
       std::vector<float> y0(static_cast<size_t>(sh.s * sh.o));
@@ -126,7 +141,8 @@ TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the referenc
       for (int64_t s = 0; s < sh.s; ++s) {
         for (int64_t o = 0; o < sh.o; ++o) {
           const double r = ref_dot(w, o, x.data() + s * sh.i);
-          CHECK(std::fabs(y0[s * sh.o + o] - r) <= 1e-5 * (1 + std::fabs(r)) + 1e-6 * std::sqrt(double(sh.i)));
+          CHECK(std::fabs(y0[s * sh.o + o] - r) <=
+                1e-5 * (1 + std::fabs(r)) + 1e-6 * std::sqrt(double(sh.i)));
         }
       }
       for (const auto& name : names) {
@@ -134,7 +150,8 @@ TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the referenc
           auto b = backends_named(name, threads);
           std::vector<float> y(y0.size(), NAN);
           b.dense->matmul(w.view(), x.data(), sh.s, y.data());
-          CAPTURE(name); CAPTURE(threads);
+          CAPTURE(name);
+          CAPTURE(threads);
           CHECK(std::memcmp(y.data(), y0.data(), y.size() * 4) == 0);
         }
       }
@@ -154,7 +171,9 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
   const auto names = plugins_under_test();
   for (WeightFormat f : kFormats) {
     for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}, {200, 129}}) {
-      CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
+      CAPTURE(weight_format_name(f));
+      CAPTURE(hidden);
+      CAPTURE(ffn);
       const int64_t n_x = 70;
       const auto x = random_vec(rng, static_cast<size_t>(n_x * hidden));
       std::vector<HostMatrix> store;
@@ -165,7 +184,8 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
         store.push_back(random_matrix(rng, f, ffn, hidden));
         store.push_back(random_matrix(rng, f, hidden, ffn));
       }
-      for (int e = 0; e < 5; ++e) experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
+      for (int e = 0; e < 5; ++e)
+        experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
       std::vector<std::vector<int32_t>> rows(5);
       std::uniform_int_distribution<int32_t> pick(0, n_x - 1);
       for (int e = 0; e < 5; ++e) {
@@ -197,7 +217,8 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
       }
       for (const auto& name : names) {
         for (int threads : {1, 0}) {
-          CAPTURE(name); CAPTURE(threads);
+          CAPTURE(name);
+          CAPTURE(threads);
           auto b = backends_named(name, threads);
           CHECK(run(*b.experts.front()) == want);
         }
@@ -220,11 +241,12 @@ TEST_CASE("bad arguments come back as errors, not crashes") {
   Matrix q = w.view();
   q.format = WeightFormat::Q4_G64;
   CHECK(b.dense->supports_matmul(WeightFormat::Q4_G64));
-  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()), doctest::Contains("int4 matrix without scales"), Error);
+  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()),
+                       doctest::Contains("int4 matrix without scales"), Error);
   q.format = static_cast<WeightFormat>(17);
   CHECK(!b.dense->supports_matmul(q.format));
-  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()), doctest::Contains("is not supported by this backend"),
-                       Error);
+  CHECK_THROWS_WITH_AS(b.dense->matmul(q, x.data(), 2, y.data()),
+                       doctest::Contains("is not supported by this backend"), Error);
   ExpertMatrices bad{w.view(), w.view(), w.view()};
   ExpertTask tb{&bad, std::span<const int32_t>(rows.data(), 1), out.data()};
   CHECK_THROWS_WITH_AS(b.dense->expert_group(x.data(), 2, 8, std::span(&tb, 1)),

@@ -1,9 +1,10 @@
-// The cuda plugin (label "gpu"). On a host without a CUDA driver or device every case checks that the plugin is
-// there and rejected with a reason, then skips (and passes); a build with STRATA_CUDA on whose plugin file is
-// missing fails. With a device: conformance against cpu_generic for every format and shape class (exact paths:
-// max |y - ref| <= 1e-5 * max(max |ref|, 1); the W4A16 path: its stated tolerance), prefill rows equal decode rows bit
-// for bit, device memory and its accounting, asynchronous groups (several in flight, threads, devices),
-// injected and real failures returned as statuses, and every model fixture with its experts on the GPU.
+// The cuda plugin (label "gpu"). On a host without a CUDA driver or device every case checks that the plugin
+// is there and rejected with a reason, then skips (and passes); a build with STRATA_CUDA on whose plugin file
+// is missing fails. With a device: conformance against cpu_generic for every format and shape class (exact
+// paths: max |y - ref| <= 1e-5 * max(max |ref|, 1); the W4A16 path: its stated tolerance), prefill rows equal
+// decode rows bit for bit, device memory and its accounting, asynchronous groups (several in flight, threads,
+// devices), injected and real failures returned as statuses, and every model fixture with its experts on the
+// GPU.
 //
 // Runs from the build tree or from a bundle (tools/device/cuda_check.sh): plugins are found beside the
 // executable; STRATA_FIXTURES_DIR overrides the fixtures folder.
@@ -54,10 +55,12 @@ std::vector<const PluginRecord*> cuda_backends() {
   std::vector<const PluginRecord*> out;
   const PluginRecord* r = find_record("cuda");
   if (r == nullptr) {
-    if (STRATA_CUDA_BUILT) FAIL("this build has STRATA_CUDA on, but libstrata_cuda.so is not in the plugin path");
+    if (STRATA_CUDA_BUILT)
+      FAIL("this build has STRATA_CUDA on, but libstrata_cuda.so is not in the plugin path");
     MESSAGE("SKIPPED on a GPU: this build has no CUDA plugin (STRATA_CUDA off)");
   } else if (!r->usable) {
-    if (std::getenv("STRATA_CUDA_REQUIRE") != nullptr) FAIL("STRATA_CUDA_REQUIRE is set, but the cuda plugin is rejected: " << r->reason);
+    if (std::getenv("STRATA_CUDA_REQUIRE") != nullptr)
+      FAIL("STRATA_CUDA_REQUIRE is set, but the cuda plugin is rejected: " << r->reason);
     MESSAGE("SKIPPED on a GPU: the cuda plugin is rejected: " << r->reason);
   } else {
     out.push_back(r);
@@ -103,7 +106,8 @@ fs::path fixtures_root() {
 std::vector<fs::path> fixtures() {
   std::vector<fs::path> out;
   for (const auto& e : fs::directory_iterator(fixtures_root())) {
-    if (fs::exists(e.path() / "expected.safetensors") && fs::exists(e.path() / "config.json")) out.push_back(e.path());
+    if (fs::exists(e.path() / "expected.safetensors") && fs::exists(e.path() / "config.json"))
+      out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -116,10 +120,14 @@ struct HostMatrix {
   int64_t rows, cols;
   std::vector<std::byte> bytes;
   std::vector<float> scales;
-  Matrix view() const { return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()}; }
+  Matrix view() const {
+    return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()};
+  }
 };
 
-bool is_q4(WeightFormat f) { return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64; }
+bool is_q4(WeightFormat f) {
+  return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64;
+}
 
 uint16_t to_bf16(float f) {
   uint32_t b;
@@ -148,7 +156,8 @@ HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t rows, int6
     m.bytes.resize(n * 2);
     for (size_t i = 0; i < n; ++i) {
       const float v = d(rng);
-      const uint16_t h = fmt == WeightFormat::BF16 ? to_bf16(v) : std::bit_cast<uint16_t>(static_cast<_Float16>(v));
+      const uint16_t h =
+          fmt == WeightFormat::BF16 ? to_bf16(v) : std::bit_cast<uint16_t>(static_cast<_Float16>(v));
       std::memcpy(m.bytes.data() + 2 * i, &h, 2);
     }
   }
@@ -162,8 +171,8 @@ std::vector<float> random_vec(std::mt19937& rng, size_t n) {
   return v;
 }
 
-const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16, WeightFormat::Q4_ROW,
-                                 WeightFormat::Q4_G64};
+const WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::BF16, WeightFormat::F16,
+                                 WeightFormat::Q4_ROW, WeightFormat::Q4_G64};
 
 // max |y - ref| / max(max |ref|, 1): relative to the output's scale, absolute for outputs below 1 (as the CPU
 // conformance test's 1e-5 * (1 + |r|)); infinite when y has a NaN (unwritten outputs are poisoned with NaN).
@@ -212,7 +221,8 @@ struct Group {
       store.push_back(random_matrix(rng, formats[e].first, f, h));
       store.push_back(random_matrix(rng, formats[e].second, h, f));
     }
-    for (size_t e = 0; e < n; ++e) experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
+    for (size_t e = 0; e < n; ++e)
+      experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(nx - 1));
     rows.resize(n);
     for (size_t e = 0; e < n; ++e) {
@@ -247,12 +257,14 @@ std::vector<std::pair<WeightFormat, WeightFormat>> same_format(WeightFormat f, s
 TEST_CASE("cuda plugin: built, found, and usable or rejected with the reason") {
   const PluginRecord* r = find_record("cuda");
   if (r == nullptr) {
-    if (STRATA_CUDA_BUILT) FAIL("this build has STRATA_CUDA on, but libstrata_cuda.so is not in the plugin path");
+    if (STRATA_CUDA_BUILT)
+      FAIL("this build has STRATA_CUDA on, but libstrata_cuda.so is not in the plugin path");
     MESSAGE("SKIPPED: this build has no CUDA plugin (STRATA_CUDA off)");
     return;
   }
   if (!r->usable) {
-    if (std::getenv("STRATA_CUDA_REQUIRE") != nullptr) FAIL("STRATA_CUDA_REQUIRE is set, but the cuda plugin is rejected: " << r->reason);
+    if (std::getenv("STRATA_CUDA_REQUIRE") != nullptr)
+      FAIL("STRATA_CUDA_REQUIRE is set, but the cuda plugin is rejected: " << r->reason);
     MESSAGE("cuda plugin rejected: " << r->reason);
     CHECK(r->reason.find("score 0:") != std::string::npos);
     CHECK(r->reason.find("CUDA") != std::string::npos);
@@ -285,12 +297,17 @@ static void gpu_case_1(const PluginRecord* rec) {
   auto simt = make_cuda_with_env(*rec, "STRATA_CUDA_KERNELS", "simt");
   std::mt19937 rng(4321);
   double worst = 0;
-  struct Shape { int64_t o, i, s; };
+  struct Shape {
+    int64_t o, i, s;
+  };
   for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
-                   Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}, Shape{200, 6144, 1}, Shape{70, 640, 9},
-                   Shape{1000, 96, 33}, Shape{17, 65, 8}}) {
+                   Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}, Shape{200, 6144, 1},
+                   Shape{70, 640, 9}, Shape{1000, 96, 33}, Shape{17, 65, 8}}) {
     for (WeightFormat f : kFormats) {
-      CAPTURE(sh.o); CAPTURE(sh.i); CAPTURE(sh.s); CAPTURE(weight_format_name(f));
+      CAPTURE(sh.o);
+      CAPTURE(sh.i);
+      CAPTURE(sh.s);
+      CAPTURE(weight_format_name(f));
       const HostMatrix w = random_matrix(rng, f, sh.o, sh.i);
       const auto x = random_vec(rng, static_cast<size_t>(sh.s * sh.i));
       const size_t n = static_cast<size_t>(sh.s * sh.o);
@@ -341,9 +358,16 @@ static void gpu_case_2(const PluginRecord* rec) {
   double worst = 0;
   const std::vector<int> counts = {0, 1, 4, 64, 3, 8, 9, 2};
   for (WeightFormat f : kFormats) {
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}, {200, 129}, {256, 512},
-                               {64, 1}, {1, 16}}) {
-      CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40},
+                               {96, 33},
+                               {130, 64},
+                               {200, 129},
+                               {256, 512},
+                               {64, 1},
+                               {1, 16}}) {
+      CAPTURE(weight_format_name(f));
+      CAPTURE(hidden);
+      CAPTURE(ffn);
       const Group grp(rng, hidden, ffn, 70, counts, same_format(f, counts.size()));
       const auto want = grp.run(*ref);
       const auto got = grp.run(*cuda);
@@ -358,19 +382,23 @@ static void gpu_case_2(const PluginRecord* rec) {
       // Decode = prefill: every row of the 64-row expert alone, as its own task, gives the same bits.
       const size_t big = 3;
       std::vector<ExpertTask> singles;
-      std::vector<std::vector<float>> outs(grp.rows[big].size(), std::vector<float>(static_cast<size_t>(hidden), NAN));
+      std::vector<std::vector<float>> outs(grp.rows[big].size(),
+                                           std::vector<float>(static_cast<size_t>(hidden), NAN));
       for (size_t r = 0; r < grp.rows[big].size(); ++r) {
-        singles.push_back({&grp.experts[big], std::span<const int32_t>(&grp.rows[big][r], 1), outs[r].data()});
+        singles.push_back(
+            {&grp.experts[big], std::span<const int32_t>(&grp.rows[big][r], 1), outs[r].data()});
       }
       cuda->expert_group(grp.x.data(), grp.n_x, hidden, singles);
       bool same = true;
       for (size_t r = 0; r < outs.size(); ++r) {
-        same = same && std::memcmp(outs[r].data(), got[big].data() + r * hidden, static_cast<size_t>(hidden) * 4) == 0;
+        same = same && std::memcmp(outs[r].data(), got[big].data() + r * hidden,
+                                   static_cast<size_t>(hidden) * 4) == 0;
       }
       CHECK(same);
     }
   }
-  MESSAGE(rec->name << " expert_group: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = " << worst);
+  MESSAGE(rec->name << " expert_group: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = "
+                    << worst);
 }
 
 TEST_CASE("cuda expert_group equals cpu_generic within 1e-5: every format, 0/1/4/64 rows, odd sizes") {
@@ -411,7 +439,9 @@ static void gpu_case_4(const PluginRecord* rec) {
   std::mt19937 rng(16);
   for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
     for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{256, 128}, {130, 200}, {2048, 768}}) {
-      CAPTURE(weight_format_name(f)); CAPTURE(hidden); CAPTURE(ffn);
+      CAPTURE(weight_format_name(f));
+      CAPTURE(hidden);
+      CAPTURE(ffn);
       const std::vector<int> counts = {4, 16, 33, 64, 15};
       const Group grp(rng, hidden, ffn, 96, counts, same_format(f, counts.size()));
       const auto want = grp.run(*ref);
@@ -455,13 +485,15 @@ static void gpu_case_5(const PluginRecord* rec) {
     uint64_t bytes = static_cast<uint64_t>(h.rows) * row;
     if (is_q4(h.format)) {
       bytes = (bytes + 255) / 256 * 256;
-      bytes += 4 * static_cast<uint64_t>(h.format == WeightFormat::Q4_G64 ? h.rows * ((h.cols + 63) / 64) : h.rows);
+      bytes += 4 * static_cast<uint64_t>(h.format == WeightFormat::Q4_G64 ? h.rows * ((h.cols + 63) / 64)
+                                                                          : h.rows);
     }
     return bytes;
   };
   std::vector<HostMatrix> hosts;
   for (WeightFormat f : kFormats) hosts.push_back(random_matrix(rng, f, 37, 200));
-  for (WeightFormat f : kFormats) hosts.push_back(random_matrix(rng, f, 5, 3));  // 5 padded rows: no 256-B multiple
+  for (WeightFormat f : kFormats)
+    hosts.push_back(random_matrix(rng, f, 5, 3));  // 5 padded rows: no 256-B multiple
   std::vector<ResidentMatrix> res;
   uint64_t want = 0;
   for (const auto& h : hosts) {
@@ -479,7 +511,11 @@ static void gpu_case_5(const PluginRecord* rec) {
 
   // A 256 MiB upload shows in the device's free memory.
   {
-    HostMatrix big{WeightFormat::BF16, 8192, 16384, std::vector<std::byte>(size_t{8192} * 16384 * 2, std::byte{0x3c}), {}};
+    HostMatrix big{WeightFormat::BF16,
+                   8192,
+                   16384,
+                   std::vector<std::byte>(size_t{8192} * 16384 * 2, std::byte{0x3c}),
+                   {}};
     const MemoryInfo before = cuda->memory_info();
     ResidentMatrix r = cuda->upload(big.view());
     const MemoryInfo after = cuda->memory_info();
@@ -539,10 +575,12 @@ static void gpu_case_6(const PluginRecord* rec) {
   CHECK(ya == yb);
   Matrix bare = ra.matrix();
   bare.data = nullptr;
-  CHECK_THROWS_WITH_AS(b->matmul(bare, x.data(), 2, yb.data()), doctest::Contains("resident on another backend"), Error);
+  CHECK_THROWS_WITH_AS(b->matmul(bare, x.data(), 2, yb.data()),
+                       doctest::Contains("resident on another backend"), Error);
   Matrix wrong = ra.matrix();
   wrong.rows = 47;
-  CHECK_THROWS_WITH_AS(a->matmul(wrong, x.data(), 2, ya.data()), doctest::Contains("the resident copy is"), Error);
+  CHECK_THROWS_WITH_AS(a->matmul(wrong, x.data(), 2, ya.data()), doctest::Contains("the resident copy is"),
+                       Error);
   // The CPU reference ignores the device copy and reads the host data.
   std::vector<float> yc(96);
   cpu_reference()->matmul(ra.matrix(), x.data(), 2, yc.data());
@@ -579,7 +617,8 @@ static void gpu_case_7(const PluginRecord* rec) {
       keep.push_back(cuda->upload(e.gate));
       keep.push_back(cuda->upload(e.up));
       keep.push_back(cuda->upload(e.down));
-      resident_experts[k].push_back({keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
+      resident_experts[k].push_back(
+          {keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
     }
   }
   std::vector<std::vector<std::vector<float>>> outs(groups.size());
@@ -593,7 +632,8 @@ static void gpu_case_7(const PluginRecord* rec) {
       tasks.push_back({&resident_experts[k][e], g.rows[e], outs[k][e].data()});
     }
     pending.push_back(cuda->issue(g.x.data(), g.n_x, g.hidden, tasks));
-    for (const auto& o : outs[k]) CHECK(std::all_of(o.begin(), o.end(), [](float v) { return std::isnan(v); }));
+    for (const auto& o : outs[k])
+      CHECK(std::all_of(o.begin(), o.end(), [](float v) { return std::isnan(v); }));
   }
   for (size_t k = groups.size(); k-- > 0;) {  // taken in reverse order
     pending[k].take();
@@ -727,14 +767,15 @@ static void gpu_case_8(const PluginRecord* rec) {
   ExpertMatrices e{w.view(), w.view(), random_matrix(rng, WeightFormat::F32, 8, 4).view()};
   std::vector<int32_t> rows = {0, 5};
   ExpertTask t{&e, rows, o.data()};
-  CHECK_THROWS_WITH_AS(cuda->expert_group(x.data(), 2, 8, std::span(&t, 1)), doctest::Contains("row index 5 outside [0, 2)"),
-                       Error);
+  CHECK_THROWS_WITH_AS(cuda->expert_group(x.data(), 2, 8, std::span(&t, 1)),
+                       doctest::Contains("row index 5 outside [0, 2)"), Error);
   Matrix q = w.view();
   q.format = WeightFormat::Q4_G64;
-  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()), doctest::Contains("int4 matrix without scales"), Error);
+  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()),
+                       doctest::Contains("int4 matrix without scales"), Error);
   q.format = static_cast<WeightFormat>(17);
-  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()), doctest::Contains("is not supported by this backend"),
-                       Error);
+  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()),
+                       doctest::Contains("is not supported by this backend"), Error);
   ExpertMatrices bad{w.view(), w.view(), w.view()};
   ExpertTask tb{&bad, std::span<const int32_t>(rows.data(), 1), o.data()};
   CHECK_THROWS_WITH_AS(cuda->expert_group(x.data(), 2, 8, std::span(&tb, 1)),
@@ -760,7 +801,8 @@ static void gpu_case_9(const PluginRecord* rec) {
   REQUIRE(dirs.size() >= 4);
   RuntimeConfig cfg;
   cfg.backends.experts = {rec->name};
-  cfg.backends.dense = rec->name == "cuda" ? "cuda" : "cpu_generic";  // the emulation is slow for every matmul
+  cfg.backends.dense =
+      rec->name == "cuda" ? "cuda" : "cpu_generic";  // the emulation is slow for every matmul
   for (const auto& dir : dirs) {
     CAPTURE(dir.filename().string());
     const Expected ex = load_expected(dir);
@@ -777,8 +819,9 @@ static void gpu_case_9(const PluginRecord* rec) {
       const auto full = s.forward(ex.sequence, true);
       float dev = 0;
       for (size_t i = 0; i < full.size(); ++i) dev = std::max(dev, std::fabs(full[i] - ex.logits[i]));
-      MESSAGE(dir.filename().string() << std::string(quant ? " (Q4_G64 experts)" : "") << ", experts on " << rec->name << ", dense on " << dense
-                                      << ": max |logit - transformers| = " << dev);
+      MESSAGE(dir.filename().string()
+              << std::string(quant ? " (Q4_G64 experts)" : "") << ", experts on " << rec->name
+              << ", dense on " << dense << ": max |logit - transformers| = " << dev);
       CHECK(dev <= 1e-3f);
       // Prefill vs one token at a time: bit for bit (the exact kernels do not depend on the batch).
       Session s1(model);
@@ -789,7 +832,8 @@ static void gpu_case_9(const PluginRecord* rec) {
       }
       CHECK(stepwise == full);
       Session g(model);
-      const auto gen = generate_greedy(g, ex.prompt, static_cast<int64_t>(ex.sequence.size() - ex.prompt.size()));
+      const auto gen =
+          generate_greedy(g, ex.prompt, static_cast<int64_t>(ex.sequence.size() - ex.prompt.size()));
       CHECK(gen == std::vector<int32_t>(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()),
                                         ex.sequence.end()));
     }

@@ -1,5 +1,5 @@
-// Sampling: greedy, seeded reproducibility, top-k / top-p / min-p filters, the distribution, bad parameters; and
-// Generation's stop strings, EOS and streaming-safe text on a real tokenizer.
+// Sampling: greedy, seeded reproducibility, top-k / top-p / min-p filters, the distribution, bad parameters;
+// and Generation's stop strings, EOS and streaming-safe text on a real tokenizer.
 #include <cmath>
 #include <map>
 

@@ -49,8 +49,8 @@ struct MemoryInfo {
   uint64_t resident = 0;  // of which resident matrices
 };
 
-// A matrix copied to a backend's device (Backend::upload). Move-only; frees the device copy when it dies, so it
-// must not outlive its backend, nor be freed while an issued group uses it.
+// A matrix copied to a backend's device (Backend::upload). Move-only; frees the device copy when it dies, so
+// it must not outlive its backend, nor be freed while an issued group uses it.
 class ResidentMatrix {
  public:
   ResidentMatrix() = default;
@@ -72,8 +72,8 @@ class ResidentMatrix {
 };
 
 // An expert group in flight (Backend::issue). Move-only. take() waits and writes the outputs (throws
-// strata::Error when the backend failed); a group dropped without take is waited for and discarded, its outputs
-// left unwritten.
+// strata::Error when the backend failed); a group dropped without take is waited for and discarded, its
+// outputs left unwritten.
 class PendingGroup {
  public:
   PendingGroup() = default;
@@ -107,7 +107,8 @@ class Backend {
   // y[S, O] = x[S, I] · W^T.
   void matmul(const Matrix& w, const float* x, int64_t n_x_rows, float* y) const;
   // Runs all tasks; x is [n_x_rows, hidden].
-  void expert_group(const float* x, int64_t n_x_rows, int64_t hidden, std::span<const ExpertTask> tasks) const;
+  void expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
+                    std::span<const ExpertTask> tasks) const;
 
   // Device memory (optional ABI slots: upload_matrix, free_matrix, memory_info).
   bool has_device_memory() const;
@@ -115,10 +116,11 @@ class Backend {
   void free(ResidentMatrix& m) const;  // frees now and reports errors (the destructor ignores them)
   MemoryInfo memory_info() const;
 
-  // Asynchronous expert group (optional ABI slots: expert_group_issue / take / discard). x, the tasks and their
-  // rows are consumed by issue; each task's out must stay valid until the group is taken.
+  // Asynchronous expert group (optional ABI slots: expert_group_issue / take / discard). x, the tasks and
+  // their rows are consumed by issue; each task's out must stay valid until the group is taken.
   bool has_async() const;
-  PendingGroup issue(const float* x, int64_t n_x_rows, int64_t hidden, std::span<const ExpertTask> tasks) const;
+  PendingGroup issue(const float* x, int64_t n_x_rows, int64_t hidden,
+                     std::span<const ExpertTask> tasks) const;
 
  private:
   friend class ResidentMatrix;

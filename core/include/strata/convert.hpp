@@ -17,7 +17,7 @@ namespace strata {
 
 // How dense 2-D weights other than embedding, lm_head and kv_b_proj are written.
 enum class DenseFormat { Keep, BF16, Q4_G64 };
-std::string_view dense_format_name(DenseFormat f);  // "keep" | "bf16" | "q4_g64"
+std::string_view dense_format_name(DenseFormat f);      // "keep" | "bf16" | "q4_g64"
 DenseFormat parse_dense_format(std::string_view name);  // errors name the accepted values
 
 struct ConvertProgress {
@@ -62,7 +62,7 @@ struct ConvertResult {
   size_t input_shards = 0;
   size_t input_shards_skipped = 0;  // resumed: every output they feed was already recorded and intact
   size_t output_shards = 0;
-  size_t output_shards_reused = 0;  // resumed: recorded by an interrupted run, intact, not rewritten
+  size_t output_shards_reused = 0;       // resumed: recorded by an interrupted run, intact, not rewritten
   uint64_t bytes_in = 0, bytes_out = 0;  // tensor bytes (bytes_out = index metadata.total_size)
   std::vector<std::string> copied_files;
   bool replaced_existing = false;  // --force replaced a finished container
@@ -82,11 +82,11 @@ uint16_t f32_to_bf16_rne(float f);
 // What the converter does with one input tensor (exposed for tests and for `strata inspect`).
 enum class TensorRole {
   RoutedExpert,  // model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight → int4
-  F32,           // norms and other 1-D tensors, biases, the router, e_score_correction_bias, indexer weights_proj
-  KeepFloat,     // embedding, lm_head, kv_b_proj: float dtype kept (FP8 → BF16)
-  Dense2D,       // other 2-D weights: --dense-format
-  Other,         // tensors of other ranks: kept as stored
-  ScaleInv,      // <weight>_scale_inv: consumed by the FP8 weight it belongs to
+  F32,  // norms and other 1-D tensors, biases, the router, e_score_correction_bias, indexer weights_proj
+  KeepFloat,  // embedding, lm_head, kv_b_proj: float dtype kept (FP8 → BF16)
+  Dense2D,    // other 2-D weights: --dense-format
+  Other,      // tensors of other ranks: kept as stored
+  ScaleInv,   // <weight>_scale_inv: consumed by the FP8 weight it belongs to
 };
 TensorRole tensor_role(const std::string& name, size_t rank);
 

@@ -11,7 +11,7 @@ namespace strata {
 enum class DType : uint8_t { F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL, F8_E4M3 };
 
 size_t dtype_size(DType t);
-std::string_view dtype_name(DType t);             // the safetensors spelling: "F32", "BF16", ...
+std::string_view dtype_name(DType t);  // the safetensors spelling: "F32", "BF16", ...
 std::optional<DType> dtype_from_name(std::string_view name);
 
 float bf16_to_f32(uint16_t h);

@@ -37,8 +37,8 @@ struct GenerationResult {
 // Shared by the engine and whoever submitted the request. Thread-safe.
 class RequestState {
  public:
-  // Blocks until text arrives, the request ends, or the timeout passes. Returns new text in *chunk (maybe empty)
-  // and false once the request has ended and all its text was taken.
+  // Blocks until text arrives, the request ends, or the timeout passes. Returns new text in *chunk (maybe
+  // empty) and false once the request has ended and all its text was taken.
   bool next(std::string* chunk, std::chrono::milliseconds timeout);
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -76,7 +76,8 @@ class QueueFull : public std::runtime_error {
 
 class Engine {
  public:
-  Engine(std::shared_ptr<const Model> model, std::shared_ptr<const ModelAssets> assets, EngineOptions options);
+  Engine(std::shared_ptr<const Model> model, std::shared_ptr<const ModelAssets> assets,
+         EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

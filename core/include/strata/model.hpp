@@ -28,25 +28,25 @@ struct GqaWeights {
 
 // The DSA lightning indexer of a glm_moe_dsa layer.
 struct IndexerWeights {
-  Matrix wq_b;                      // [index_heads * index_head_dim, q_lora_rank]
-  Matrix wk;                        // [index_head_dim, hidden]
+  Matrix wq_b;                            // [index_heads * index_head_dim, q_lora_rank]
+  Matrix wk;                              // [index_head_dim, hidden]
   std::vector<float> k_norm_w, k_norm_b;  // LayerNorm(index_head_dim), eps 1e-6
-  std::vector<float> weights_proj;  // [index_heads, hidden], f32
+  std::vector<float> weights_proj;        // [index_heads, hidden], f32
 };
 
-// Multi-head latent attention (deepseek_v3, glm_moe_dsa), kept in the absorbed form: kv_b_proj is split per head
-// into W_k^h (stored transposed, [kv_lora_rank, qk_nope]) and W_v^h ([v_head_dim, kv_lora_rank]), so attention
-// runs on the cached latent and never expands K/V.
+// Multi-head latent attention (deepseek_v3, glm_moe_dsa), kept in the absorbed form: kv_b_proj is split per
+// head into W_k^h (stored transposed, [kv_lora_rank, qk_nope]) and W_v^h ([v_head_dim, kv_lora_rank]), so
+// attention runs on the cached latent and never expands K/V.
 struct MlaWeights {
-  Matrix q;      // q_proj [H * qk_head, hidden] when q_lora_rank == 0
-  Matrix q_a;    // [q_lora_rank, hidden]
+  Matrix q;    // q_proj [H * qk_head, hidden] when q_lora_rank == 0
+  Matrix q_a;  // [q_lora_rank, hidden]
   std::vector<float> q_a_norm;
-  Matrix q_b;    // [H * qk_head, q_lora_rank]
-  Matrix kv_a;   // [kv_lora_rank + qk_rope, hidden]
+  Matrix q_b;   // [H * qk_head, q_lora_rank]
+  Matrix kv_a;  // [kv_lora_rank + qk_rope, hidden]
   std::vector<float> kv_a_norm;
   std::vector<Matrix> k_absorb;  // per head [kv_lora_rank, qk_nope] (transposed slice of kv_b_proj)
   std::vector<Matrix> v_up;      // per head [v_head_dim, kv_lora_rank] (slice of kv_b_proj)
-  Matrix o;      // [hidden, H * v_head_dim]
+  Matrix o;                      // [hidden, H * v_head_dim]
   bool has_indexer = false;
   IndexerWeights indexer;
 };
@@ -56,7 +56,7 @@ struct MoeWeights {
   std::vector<float> router_bias;  // e_score_correction_bias [E] (sigmoid routers)
   std::vector<ExpertMatrices> experts;
   bool has_shared = false;
-  ExpertMatrices shared;           // n_shared_experts fused into one MLP, as the checkpoints store them
+  ExpertMatrices shared;  // n_shared_experts fused into one MLP, as the checkpoints store them
 };
 
 struct LayerWeights {
@@ -137,7 +137,8 @@ class Session {
   void set_indexer_mode(IndexerMode m) { indexer_mode_ = m; }
 
   friend std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions,
-                                                       std::span<const std::span<const int32_t>> ids, bool all_logits);
+                                                       std::span<const std::span<const int32_t>> ids,
+                                                       bool all_logits);
 
  private:
   struct Impl;
@@ -147,9 +148,9 @@ class Session {
   IndexerMode indexer_mode_ = IndexerMode::kNormal;
 };
 
-// Feeds ids[i] to sessions[i] for every i in ONE forward pass (decode of several sequences at once): the routed
-// experts of all sequences are read once per layer. Every session's logits are bitwise those it would get alone.
-// Sessions must share the model and be distinct. Returns per session what Session::forward would.
+// Feeds ids[i] to sessions[i] for every i in ONE forward pass (decode of several sequences at once): the
+// routed experts of all sequences are read once per layer. Every session's logits are bitwise those it would
+// get alone. Sessions must share the model and be distinct. Returns per session what Session::forward would.
 std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions,
                                               std::span<const std::span<const int32_t>> ids, bool all_logits);
 

@@ -18,8 +18,9 @@ enum class RouterKind {
 struct RopeSpec {
   std::string type = "default";  // default | yarn
   double theta = 10000.0;
-  int64_t rotary_dim = 0;     // dims of each head that rotate (head_dim × partial_rotary_factor, or qk_rope_head_dim)
-  bool interleave = false;    // pairs (2i, 2i+1) instead of halves (i, i + d/2)
+  int64_t rotary_dim =
+      0;  // dims of each head that rotate (head_dim × partial_rotary_factor, or qk_rope_head_dim)
+  bool interleave = false;  // pairs (2i, 2i+1) instead of halves (i, i + d/2)
   // yarn
   double factor = 1.0;
   double original_max_position = 4096;
@@ -29,8 +30,8 @@ struct RopeSpec {
   double mscale_all_dim = 0.0;
   double attention_factor = 0.0;  // 0 = not given
   // Precision of the inverse frequencies. transformers keeps inv_freq as a float buffer that is cast with the
-  // model: a model cast to its checkpoint dtype (config.json "dtype"/"torch_dtype", e.g. bfloat16) computes rope
-  // with bf16-rounded frequencies, and the oracle fixtures were made that way. "f32" keeps them exact.
+  // model: a model cast to its checkpoint dtype (config.json "dtype"/"torch_dtype", e.g. bfloat16) computes
+  // rope with bf16-rounded frequencies, and the oracle fixtures were made that way. "f32" keeps them exact.
   std::string freq_dtype = "f32";  // f32 | bf16 | f16
 };
 
@@ -64,7 +65,8 @@ struct ModelSpec {
   // DSA lightning indexer (glm_moe_dsa)
   bool dsa = false;
   int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
-  std::vector<bool> indexer_full;  // per layer: computes its own selection (true) or reuses the previous (false)
+  std::vector<bool>
+      indexer_full;  // per layer: computes its own selection (true) or reuses the previous (false)
 
   std::string checkpoint_dtype;  // config.json "dtype" / "torch_dtype" ("" when absent)
   std::vector<int64_t> eos_ids;

@@ -10,9 +10,9 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of the structs or functions below. The registry rejects a plugin whose
- * vtable carries another abi_version, or whose struct_size is smaller than STRATA_PLUGIN_VTABLE_MIN_SIZE. Slots
- * appended after that size later are optional and read through STRATA_PLUGIN_HAS_SLOT, so plugins built against
- * this header stay loadable. */
+ * vtable carries another abi_version, or whose struct_size is smaller than STRATA_PLUGIN_VTABLE_MIN_SIZE.
+ * Slots appended after that size later are optional and read through STRATA_PLUGIN_HAS_SLOT, so plugins built
+ * against this header stay loadable. */
 #define STRATA_PLUGIN_ABI_VERSION 1u
 
 #if defined(_WIN32)
@@ -32,14 +32,16 @@ typedef enum strata_status {
 
 /* Weight formats (DESIGN §4, byte-exact). */
 typedef enum strata_dtype {
-  STRATA_DTYPE_F32 = 0,    /* row-major [O, I] */
-  STRATA_DTYPE_BF16 = 1,   /* row-major [O, I] */
-  STRATA_DTYPE_F16 = 2,    /* row-major [O, I] */
-  STRATA_DTYPE_Q4_ROW = 3, /* [O, ceil(I/2)] nibbles (low = even column, nibble = q + 8), one F32 scale per row */
+  STRATA_DTYPE_F32 = 0,  /* row-major [O, I] */
+  STRATA_DTYPE_BF16 = 1, /* row-major [O, I] */
+  STRATA_DTYPE_F16 = 2,  /* row-major [O, I] */
+  STRATA_DTYPE_Q4_ROW =
+      3, /* [O, ceil(I/2)] nibbles (low = even column, nibble = q + 8), one F32 scale per row */
   STRATA_DTYPE_Q4_G64 = 4, /* same nibbles, one F32 scale per 64 inputs: s[o * ceil(I/64) + g] */
 } strata_dtype;
 
-/* A copy of a weight matrix in a backend's device memory, made by upload_matrix() (opaque, owned by the plugin). */
+/* A copy of a weight matrix in a backend's device memory, made by upload_matrix() (opaque, owned by the
+ * plugin). */
 typedef struct strata_resident strata_resident;
 
 /* A weight matrix W[O, I] (O = rows = outputs, I = cols = inputs). Host memory, owned by the core; valid for
@@ -52,7 +54,7 @@ typedef struct strata_matrix {
   int64_t rows; /* O */
   int64_t cols; /* I */
   const void* data;
-  const float* scales; /* Q4 formats only, else NULL */
+  const float* scales;             /* Q4 formats only, else NULL */
   const strata_resident* resident; /* NULL, or a handle from upload_matrix() */
 } strata_matrix;
 
@@ -93,9 +95,9 @@ typedef struct strata_memory_info {
 /* An expert group in flight (expert_group_issue), opaque, owned by the plugin until take or discard. */
 typedef struct strata_group strata_group;
 
-/* The vtable a plugin returns from strata_plugin_init(). Every function is noexcept in spirit: it never throws
- * or longjmps across this boundary; failures return a status and leave a message in last_error(). Slots
- * marked (optional) may be NULL. */
+/* The vtable a plugin returns from strata_plugin_init(). Every function is noexcept in spirit: it never
+ * throws or longjmps across this boundary; failures return a status and leave a message in last_error().
+ * Slots marked (optional) may be NULL. */
 typedef struct strata_plugin_vtable {
   uint32_t abi_version; /* STRATA_PLUGIN_ABI_VERSION the plugin was built with */
   uint32_t struct_size; /* sizeof(strata_plugin_vtable) as the plugin knows it */
@@ -126,19 +128,20 @@ typedef struct strata_plugin_vtable {
   /* ---- Device backends: optional slots (NULL in CPU plugins), read through STRATA_PLUGIN_HAS_SLOT. ---- */
 
   /* (optional) Copies w into the backend's device memory (in whatever layout its kernels want) and returns a
-   * handle to put in strata_matrix.resident; w's host memory need not outlive the call. Out of device memory is
-   * STRATA_ERR_OUT_OF_MEMORY. */
+   * handle to put in strata_matrix.resident; w's host memory need not outlive the call. Out of device memory
+   * is STRATA_ERR_OUT_OF_MEMORY. */
   strata_status (*upload_matrix)(strata_backend* backend, const strata_matrix* w, strata_resident** out);
-  /* (optional) Frees a handle from upload_matrix of this backend (NULL: nothing). No issued group may still use
-   * it. */
+  /* (optional) Frees a handle from upload_matrix of this backend (NULL: nothing). No issued group may still
+   * use it. */
   strata_status (*free_matrix)(strata_backend* backend, strata_resident* resident);
   /* (optional) Total and free memory of the backend's device and what this backend holds there. */
   strata_status (*memory_info)(strata_backend* backend, strata_memory_info* out);
-  /* (optional) expert_group, asynchronous: starts the work and returns at once with a handle. Everything the call
-   * reads (x, tasks, their rows, host weights) is consumed before it returns; each task's out must stay valid
-   * until take. Groups may be in flight on several backends (devices) and several on one backend. */
-  strata_status (*expert_group_issue)(strata_backend* backend, const float* x, int64_t n_x_rows, int64_t hidden,
-                                      int32_t n_tasks, const strata_expert_task* tasks, strata_group** out);
+  /* (optional) expert_group, asynchronous: starts the work and returns at once with a handle. Everything the
+   * call reads (x, tasks, their rows, host weights) is consumed before it returns; each task's out must stay
+   * valid until take. Groups may be in flight on several backends (devices) and several on one backend. */
+  strata_status (*expert_group_issue)(strata_backend* backend, const float* x, int64_t n_x_rows,
+                                      int64_t hidden, int32_t n_tasks, const strata_expert_task* tasks,
+                                      strata_group** out);
   /* (optional) Waits for an issued group and writes every task's out. Consumes the handle, also on failure
    * (STRATA_ERR_DEVICE etc.: the outputs are then unspecified and the core may recompute them elsewhere). */
   strata_status (*expert_group_take)(strata_backend* backend, strata_group* group);
@@ -147,12 +150,13 @@ typedef struct strata_plugin_vtable {
 } strata_plugin_vtable;
 
 /* The vtable size every plugin must have: through expert_group_discard (the revision of ABI 1 that also added
- * strata_matrix.resident, so plugins built before it are refused). Slots appended later fall past this size and
- * count as NULL in plugins that end before them. */
-#define STRATA_PLUGIN_VTABLE_MIN_SIZE \
-  (offsetof(strata_plugin_vtable, expert_group_discard) + sizeof(((strata_plugin_vtable*)0)->expert_group_discard))
+ * strata_matrix.resident, so plugins built before it are refused). Slots appended later fall past this size
+ * and count as NULL in plugins that end before them. */
+#define STRATA_PLUGIN_VTABLE_MIN_SIZE                     \
+  (offsetof(strata_plugin_vtable, expert_group_discard) + \
+   sizeof(((strata_plugin_vtable*)0)->expert_group_discard))
 /* Nonzero when the vtable has the (optional) slot and sets it. */
-#define STRATA_PLUGIN_HAS_SLOT(vt, slot)                                                         \
+#define STRATA_PLUGIN_HAS_SLOT(vt, slot) \
   ((vt)->struct_size >= offsetof(strata_plugin_vtable, slot) + sizeof((vt)->slot) && (vt)->slot != NULL)
 
 /* Exported by every plugin. Must be safe to call on any machine (compiled without ISA-specific flags). */

@@ -27,8 +27,9 @@ struct PluginRecord {
   std::shared_ptr<void> library;  // keeps the .so loaded for the life of the process
 };
 
-// Where plugins are looked for, in order: the folders next to the executable (bin/plugins, ../lib/strata/plugins),
-// the build tree's plugin folder, STRATA_PLUGIN_PATH (':'-separated), then `extra` (YAML plugins.path).
+// Where plugins are looked for, in order: the folders next to the executable (bin/plugins,
+// ../lib/strata/plugins), the build tree's plugin folder, STRATA_PLUGIN_PATH (':'-separated), then `extra`
+// (YAML plugins.path).
 std::vector<std::filesystem::path> plugin_search_path(const std::vector<std::filesystem::path>& extra);
 
 class PluginRegistry {
@@ -57,7 +58,7 @@ class PluginRegistry {
 struct Backends {
   std::shared_ptr<Backend> dense;
   std::vector<std::shared_ptr<Backend>> experts;
-  std::string dense_reason;               // "configured" or "auto: highest score"
+  std::string dense_reason;  // "configured" or "auto: highest score"
   // Picks the expert backend for a format; errors when none of the chosen ones supports it.
   const Backend& expert_backend_for(WeightFormat f) const;
 };

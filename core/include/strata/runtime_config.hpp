@@ -13,14 +13,14 @@ struct RuntimeConfig {
     std::vector<std::filesystem::path> path;  // extra plugin folders, searched after the defaults
   } plugins;
   struct Backends {
-    std::string dense = "auto";         // plugin name, or "auto" = highest score that supports the op
-    std::vector<std::string> experts;   // ordered preference; empty = "auto"
+    std::string dense = "auto";        // plugin name, or "auto" = highest score that supports the op
+    std::vector<std::string> experts;  // ordered preference; empty = "auto"
   } backends;
   struct Memory {
     std::optional<double> vram_gb;  // nullopt = auto
     std::optional<double> ram_gb;   // nullopt = auto
     double reserve_gb = 1.0;
-    std::string pin = "auto";       // auto | none | path to a file
+    std::string pin = "auto";  // auto | none | path to a file
   } memory;
   struct Scheduler {
     int threads = 0;  // 0 = all hardware threads

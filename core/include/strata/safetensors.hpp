@@ -1,4 +1,5 @@
-// safetensors checkpoints: a validated, memory-mapped reader (one file or a sharded set) and an atomic writer.
+// safetensors checkpoints: a validated, memory-mapped reader (one file or a sharded set) and an atomic
+// writer.
 #pragma once
 
 #include <cstddef>

@@ -11,10 +11,10 @@
 
 namespace strata {
 
-// A byte-level BPE tokenizer as the `tokenizers` library defines it: normalizer (NFC), pre-tokenizer split regex
-// (PCRE2, Unicode properties) + ByteLevel, BPE merges, added/special tokens matched before splitting, ByteLevel
-// decoder. Unsupported tokenizer.json features are errors naming the feature. Immutable and thread-safe after
-// construction.
+// A byte-level BPE tokenizer as the `tokenizers` library defines it: normalizer (NFC), pre-tokenizer split
+// regex (PCRE2, Unicode properties) + ByteLevel, BPE merges, added/special tokens matched before splitting,
+// ByteLevel decoder. Unsupported tokenizer.json features are errors naming the feature. Immutable and
+// thread-safe after construction.
 class Tokenizer {
  public:
   static std::shared_ptr<const Tokenizer> from_file(const std::filesystem::path& tokenizer_json);

@@ -7,8 +7,8 @@
 
 #include "ast.hpp"
 #include "interpreter.hpp"
-#include "value.hpp"
 #include "strata/error.hpp"
+#include "value.hpp"
 
 namespace strata {
 
@@ -28,15 +28,20 @@ ChatTemplate::~ChatTemplate() = default;
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
-void ChatTemplate::set_special_tokens(std::optional<std::string> bos_token, std::optional<std::string> eos_token) {
+void ChatTemplate::set_special_tokens(std::optional<std::string> bos_token,
+                                      std::optional<std::string> eos_token) {
   impl_->bos = std::move(bos_token);
   impl_->eos = std::move(eos_token);
   impl_->bos_or_empty = impl_->bos.value_or("");
   impl_->eos_or_empty = impl_->eos.value_or("");
 }
 
-const std::string& ChatTemplate::bos_token() const { return impl_->bos_or_empty; }
-const std::string& ChatTemplate::eos_token() const { return impl_->eos_or_empty; }
+const std::string& ChatTemplate::bos_token() const {
+  return impl_->bos_or_empty;
+}
+const std::string& ChatTemplate::eos_token() const {
+  return impl_->eos_or_empty;
+}
 
 namespace {
 
@@ -58,8 +63,8 @@ std::optional<std::string> special_token(const nlohmann::ordered_json& cfg, cons
     auto c = it->find("content");
     if (c != it->end() && c->is_string()) return c->get<std::string>();
   }
-  fail("chat_template", "{}: '{}' must be a string or an object with a string \"content\", got {}", path.string(), key,
-       it->dump());
+  fail("chat_template", "{}: '{}' must be a string or an object with a string \"content\", got {}",
+       path.string(), key, it->dump());
 }
 
 template <class J>
@@ -69,7 +74,8 @@ std::string render_impl(const chat::Body& body, const std::optional<std::string>
   if (!messages.is_array())
     fail("chat_template", "messages must be a JSON array of {{\"role\", \"content\"}} objects, got {}",
          messages.type_name());
-  if (!extra.is_object()) fail("chat_template", "extra template variables must be a JSON object, got {}", extra.type_name());
+  if (!extra.is_object())
+    fail("chat_template", "extra template variables must be a JSON object, got {}", extra.type_name());
   std::vector<std::pair<std::string, chat::Value>> ctx;
   ctx.emplace_back("messages", chat::from_json(messages));
   ctx.emplace_back("tools", chat::Value::none());
@@ -119,7 +125,8 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::filesystem::path& to
     for (const auto& t : *it) {
       if (!t.is_object() || !t.contains("name") || !t.contains("template") || !t["name"].is_string() ||
           !t["template"].is_string())
-        fail("chat_template", "{}: \"chat_template\" list entries must be {{\"name\": str, \"template\": str}}",
+        fail("chat_template",
+             "{}: \"chat_template\" list entries must be {{\"name\": str, \"template\": str}}",
              tokenizer_config_json.string());
       const auto name = t["name"].get<std::string>();
       names += (names.empty() ? "" : ", ") + name;

@@ -1,5 +1,6 @@
 // Chat-template interpreter: statements, expressions, and the builtins of transformers' Jinja environment
-// (Jinja2's filters and tests, Python str/dict/list methods, range/dict/namespace, raise_exception, strftime_now).
+// (Jinja2's filters and tests, Python str/dict/list methods, range/dict/namespace, raise_exception,
+// strftime_now).
 #include "interpreter.hpp"
 
 #include <fmt/format.h>
@@ -29,7 +30,8 @@ std::string undef_item_msg(const Value& obj, const Value& key) {
 }
 
 Value unsafe(const Value& obj, const std::string& name) {
-  return Value::undefined(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
+  return Value::undefined(
+      fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
 }
 
 void need_defined(const Value& v) {
@@ -57,21 +59,29 @@ std::string need_str(const Value& v, const char* what) {
 // role names and the like).
 char32_t to_lower(char32_t c) {
   if (c >= 'A' && c <= 'Z') return c + 32;
-  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7) || (c >= 0x391 && c <= 0x3AB && c != 0x3A2) || (c >= 0x410 && c <= 0x42F))
+  if ((c >= 0xC0 && c <= 0xDE && c != 0xD7) || (c >= 0x391 && c <= 0x3AB && c != 0x3A2) ||
+      (c >= 0x410 && c <= 0x42F))
     return c + 32;
   if (c >= 0x400 && c <= 0x40F) return c + 80;
   return c;
 }
 char32_t to_upper(char32_t c) {
   if (c >= 'a' && c <= 'z') return c - 32;
-  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7) || (c >= 0x3B1 && c <= 0x3CB && c != 0x3C2) || (c >= 0x430 && c <= 0x44F))
+  if ((c >= 0xE0 && c <= 0xFE && c != 0xF7) || (c >= 0x3B1 && c <= 0x3CB && c != 0x3C2) ||
+      (c >= 0x430 && c <= 0x44F))
     return c - 32;
   if (c >= 0x450 && c <= 0x45F) return c - 80;
   return c;
 }
-bool is_lower_c(char32_t c) { return to_upper(c) != c; }
-bool is_upper_c(char32_t c) { return to_lower(c) != c; }
-bool is_cased(char32_t c) { return is_lower_c(c) || is_upper_c(c); }
+bool is_lower_c(char32_t c) {
+  return to_upper(c) != c;
+}
+bool is_upper_c(char32_t c) {
+  return to_lower(c) != c;
+}
+bool is_cased(char32_t c) {
+  return is_lower_c(c) || is_upper_c(c);
+}
 
 std::string map_case(const std::string& s, bool upper) {
   std::u32string u = utf8_decode(s);
@@ -112,8 +122,8 @@ std::string jinja_title(const std::string& s) {
 }
 
 bool is_line_break(char32_t c) {
-  return c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E || c == 0x85 ||
-         c == 0x2028 || c == 0x2029;
+  return c == '\n' || c == '\r' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E ||
+         c == 0x85 || c == 0x2028 || c == 0x2029;
 }
 
 std::vector<std::string> splitlines(const std::string& s, bool keepends) {
@@ -230,8 +240,8 @@ std::string py_replace(const std::string& s, const std::string& old, const std::
 }
 
 // Python slice index normalisation.
-void slice_indices(int64_t len, const Value* start, const Value* stop, const Value* step, int64_t& b, int64_t& e,
-                   int64_t& st) {
+void slice_indices(int64_t len, const Value* start, const Value* stop, const Value* step, int64_t& b,
+                   int64_t& e, int64_t& st) {
   auto get = [](const Value* v, int64_t dflt) {
     if (v == nullptr || v->is_none()) return std::pair<bool, int64_t>{false, dflt};
     return std::pair<bool, int64_t>{true, need_int(*v, "slice index")};
@@ -251,19 +261,26 @@ void slice_indices(int64_t len, const Value* start, const Value* stop, const Val
 
 size_t py_len(const Value& v) {
   switch (v.type) {
-    case Type::Undefined: return 0;
-    case Type::String: return utf8_decode(v.s).size();
-    case Type::List: return v.list->size();
-    case Type::Dict: return v.dict->items.size();
-    default: raise(fmt::format("object of type '{}' has no len()", type_name(v)));
+    case Type::Undefined:
+      return 0;
+    case Type::String:
+      return utf8_decode(v.s).size();
+    case Type::List:
+      return v.list->size();
+    case Type::Dict:
+      return v.dict->items.size();
+    default:
+      raise(fmt::format("object of type '{}' has no len()", type_name(v)));
   }
 }
 
 // iter(v) as a list (Undefined iterates as empty).
 List iterate(const Value& v) {
   switch (v.type) {
-    case Type::Undefined: return {};
-    case Type::List: return *v.list;
+    case Type::Undefined:
+      return {};
+    case Type::List:
+      return *v.list;
     case Type::Dict: {
       List out;
       for (const auto& [k, val] : v.dict->items) out.push_back(k);
@@ -278,13 +295,15 @@ List iterate(const Value& v) {
       }
       return out;
     }
-    default: raise(fmt::format("'{}' object is not iterable", type_name(v)));
+    default:
+      raise(fmt::format("'{}' object is not iterable", type_name(v)));
   }
 }
 
 bool contains(const Value& container, const Value& item) {
   switch (container.type) {
-    case Type::Undefined: return false;
+    case Type::Undefined:
+      return false;
     case Type::String:
       if (!item.is_string())
         raise(fmt::format("'in <string>' requires string as left operand, not {}", type_name(item)));
@@ -293,23 +312,38 @@ bool contains(const Value& container, const Value& item) {
       for (const auto& e : *container.list)
         if (equals(e, item)) return true;
       return false;
-    case Type::Dict: return container.dict->find(item) != nullptr;
-    default: raise(fmt::format("argument of type '{}' is not iterable", type_name(container)));
+    case Type::Dict:
+      return container.dict->find(item) != nullptr;
+    default:
+      raise(fmt::format("argument of type '{}' is not iterable", type_name(container)));
   }
 }
 
-Value pair(Value a, Value b) { return Value::list_of({std::move(a), std::move(b)}, true); }
+Value pair(Value a, Value b) {
+  return Value::list_of({std::move(a), std::move(b)}, true);
+}
 
 std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -357,7 +391,9 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
         size_t width = 0;
         const size_t dot = spec.find('.');
         std::string w = spec.substr(0, dot);
-        w.erase(std::remove_if(w.begin(), w.end(), [](char ch) { return !std::isdigit(static_cast<unsigned char>(ch)); }), w.end());
+        w.erase(std::remove_if(w.begin(), w.end(),
+                               [](char ch) { return !std::isdigit(static_cast<unsigned char>(ch)); }),
+                w.end());
         if (!w.empty()) width = std::stoul(w);
         if (dot != std::string::npos) u = u.substr(0, std::stoul("0" + spec.substr(dot + 1)));
         std::string pad(width > u.size() ? width - u.size() : 0, ' ');
@@ -366,9 +402,11 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
       }
       case 'd':
       case 'i': {
-        if (!a.is_number()) raise(fmt::format("%{} format: a real number is required, not {}", conv, type_name(a)));
+        if (!a.is_number())
+          raise(fmt::format("%{} format: a real number is required, not {}", conv, type_name(a)));
         char buf[128];
-        const long long x = a.type == Type::Float ? static_cast<long long>(a.f) : (a.type == Type::Int ? a.i : a.b);
+        const long long x =
+            a.type == Type::Float ? static_cast<long long>(a.f) : (a.type == Type::Int ? a.i : a.b);
         std::snprintf(buf, sizeof buf, ("%" + spec + "lld").c_str(), x);
         out += buf;
         break;
@@ -383,7 +421,8 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
         out += buf;
         break;
       }
-      default: raise(fmt::format("unsupported format character '{}'", conv));
+      default:
+        raise(fmt::format("unsupported format character '{}'", conv));
     }
   }
   if (ai < args.size() && !mapping) raise("not all arguments converted during string formatting");
@@ -425,7 +464,8 @@ std::string brace_format(const std::string& f, const CallArgs& a) {
     if (field.empty()) {
       if (auto_idx >= a.pos.size()) raise(fmt::format("Replacement index {} out of range", auto_idx));
       v = &a.pos[auto_idx++];
-    } else if (std::all_of(field.begin(), field.end(), [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
+    } else if (std::all_of(field.begin(), field.end(),
+                           [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
       const size_t idx = std::stoul(field);
       if (idx >= a.pos.size()) raise(fmt::format("Replacement index {} out of range", idx));
       v = &a.pos[idx];
@@ -501,15 +541,22 @@ class Interp {
   Flow exec(const Stmt& s, Frame& f, std::string& out) {
     line_ = s.line;
     switch (s.kind) {
-      case StmtKind::Text: out += s.text; return Flow::Normal;
-      case StmtKind::Output: out += to_str(eval(*s.expr, f)); return Flow::Normal;
+      case StmtKind::Text:
+        out += s.text;
+        return Flow::Normal;
+      case StmtKind::Output:
+        out += to_str(eval(*s.expr, f));
+        return Flow::Normal;
       case StmtKind::If:
         for (const auto& [cond, body] : s.branches) {
           if (truthy(eval(*cond, f))) return exec(body, f, out);
         }
         return exec(s.else_body, f, out);
-      case StmtKind::For: return exec_for(s, f, out);
-      case StmtKind::Set: assign(f, s.targets, eval(*s.expr, f)); return Flow::Normal;
+      case StmtKind::For:
+        return exec_for(s, f, out);
+      case StmtKind::Set:
+        assign(f, s.targets, eval(*s.expr, f));
+        return Flow::Normal;
       case StmtKind::SetAttr: {
         const Value v = eval(*s.expr, f);
         line_ = s.line;
@@ -536,16 +583,21 @@ class Interp {
         out += to_str(eval(*s.expr, f));
         return Flow::Normal;
       }
-      case StmtKind::Macro: f.vars[s.name] = make_macro(s, f); return Flow::Normal;
+      case StmtKind::Macro:
+        f.vars[s.name] = make_macro(s, f);
+        return Flow::Normal;
       case StmtKind::With: {
         Frame inner;
         inner.parent = &f;
         for (const auto& [k, e] : s.assigns) inner.vars[k] = eval(*e, f);
         return exec(s.body, inner, out);
       }
-      case StmtKind::Generation: return exec(s.body, f, out);
-      case StmtKind::Break: return Flow::Break;
-      case StmtKind::Continue: return Flow::Continue;
+      case StmtKind::Generation:
+        return exec(s.body, f, out);
+      case StmtKind::Break:
+        return Flow::Break;
+      case StmtKind::Continue:
+        return Flow::Continue;
     }
     return Flow::Normal;
   }
@@ -582,8 +634,10 @@ class Interp {
       loop.set("length", Value::integer(n));
       loop.set("depth", Value::integer(1));
       loop.set("depth0", Value::integer(0));
-      loop.set("previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undefined("there is no previous item"));
-      loop.set("nextitem", k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undefined("there is no next item"));
+      loop.set("previtem",
+               k > 0 ? items[static_cast<size_t>(k - 1)] : Value::undefined("there is no previous item"));
+      loop.set("nextitem",
+               k + 1 < n ? items[static_cast<size_t>(k + 1)] : Value::undefined("there is no next item"));
       loop.set("cycle", Value::function("cycle", [k](CallArgs& a) {
                  if (a.pos.empty()) raise("no items for cycling given");
                  return a.pos[static_cast<size_t>(k) % a.pos.size()];
@@ -618,9 +672,9 @@ class Interp {
       }
       for (size_t k = 0; k < m->params.size(); ++k) {
         if (mf.vars.count(m->params[k]) != 0) continue;
-        mf.vars[m->params[k]] = m->defaults[k]
-                                    ? eval(*m->defaults[k], mf)
-                                    : Value::undefined(fmt::format("parameter '{}' was not provided", m->params[k]));
+        mf.vars[m->params[k]] =
+            m->defaults[k] ? eval(*m->defaults[k], mf)
+                           : Value::undefined(fmt::format("parameter '{}' was not provided", m->params[k]));
       }
       mf.vars["varargs"] = Value::list_of(std::move(varargs), true);
       mf.vars["kwargs"] = Value::dict_of(std::move(kwargs));
@@ -695,7 +749,8 @@ class Interp {
     if (step == 0) raise("range() arg 3 must not be zero");
     List out;
     for (int64_t v = start; step > 0 ? v < stop : v > stop; v += step) {
-      if (out.size() >= 100000) raise("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+      if (out.size() >= 100000)
+        raise("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       out.push_back(Value::integer(v));
     }
     return Value::list_of(std::move(out));
@@ -706,9 +761,12 @@ class Interp {
   Value eval(const Expr& e, Frame& f) {
     line_ = e.line;
     switch (e.kind) {
-      case ExprKind::Literal: return e.value;
-      case ExprKind::Name: return lookup(e.name, f);
-      case ExprKind::Placeholder: return placeholder_;
+      case ExprKind::Literal:
+        return e.value;
+      case ExprKind::Name:
+        return lookup(e.name, f);
+      case ExprKind::Placeholder:
+        return placeholder_;
       case ExprKind::ListLit:
       case ExprKind::TupleLit: {
         List items;
@@ -766,14 +824,16 @@ class Interp {
         const bool r = test(e.name, subject, a);
         return Value::boolean(e.negated ? !r : r);
       }
-      case ExprKind::Not: return Value::boolean(!truthy(eval(*e.a, f)));
+      case ExprKind::Not:
+        return Value::boolean(!truthy(eval(*e.a, f)));
       case ExprKind::Neg:
       case ExprKind::Pos: {
         Value v = eval(*e.a, f);
         line_ = e.line;
         need_defined(v);
         if (!v.is_number())
-          raise(fmt::format("bad operand type for unary {}: '{}'", e.kind == ExprKind::Neg ? '-' : '+', type_name(v)));
+          raise(fmt::format("bad operand type for unary {}: '{}'", e.kind == ExprKind::Neg ? '-' : '+',
+                            type_name(v)));
         if (e.kind == ExprKind::Pos) return v.type == Type::Bool ? Value::integer(v.b) : v;
         if (v.type == Type::Float) return Value::number(-v.f);
         return Value::integer(-(v.type == Type::Int ? v.i : static_cast<int64_t>(v.b)));
@@ -806,7 +866,8 @@ class Interp {
         if (truthy(eval(*e.b, f))) return eval(*e.a, f);
         if (e.c) return eval(*e.c, f);
         return Value::undefined(fmt::format(
-            "the inline if-expression on line {} evaluated to false and no else section was defined.", e.line));
+            "the inline if-expression on line {} evaluated to false and no else section was defined.",
+            e.line));
       }
       case ExprKind::Concat: {
         std::string s;
@@ -867,7 +928,8 @@ class Interp {
       }
       if (l.is_string()) raise(fmt::format("can only concatenate str (not \"{}\") to str", type_name(r)));
       if (l.type == Type::List)
-        raise(fmt::format("can only concatenate {} (not \"{}\") to {}", type_name(l), type_name(r), type_name(l)));
+        raise(fmt::format("can only concatenate {} (not \"{}\") to {}", type_name(l), type_name(r),
+                          type_name(l)));
       return bad();
     }
     if (op == "-") {
@@ -878,7 +940,9 @@ class Interp {
     if (op == "*") {
       if (ints) return Value::integer(iv(l) * iv(r));
       if (nums) return Value::number(num(l) * num(r));
-      const Value* seq = (l.is_string() || l.type == Type::List) ? &l : (r.is_string() || r.type == Type::List) ? &r : nullptr;
+      const Value* seq = (l.is_string() || l.type == Type::List)   ? &l
+                         : (r.is_string() || r.type == Type::List) ? &r
+                                                                   : nullptr;
       const Value* cnt = seq == &l ? &r : &l;
       if (seq != nullptr && cnt->is_number() && cnt->type != Type::Float) {
         const int64_t n = std::max<int64_t>(0, iv(*cnt));
@@ -946,7 +1010,8 @@ class Interp {
 
   Value bound(const Value& self, const std::string& name) {
     switch (self.type) {
-      case Type::String: return string_method(self, name);
+      case Type::String:
+        return string_method(self, name);
       case Type::Dict: {
         static const char* kSafe[] = {"items", "keys", "values", "get", "copy"};
         static const char* kUnsafe[] = {"pop", "popitem", "update", "setdefault", "clear", "fromkeys"};
@@ -957,13 +1022,15 @@ class Interp {
         return Value::undefined("");
       }
       case Type::List: {
-        static const char* kUnsafe[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear"};
+        static const char* kUnsafe[] = {"append", "extend",  "insert", "pop",
+                                        "remove", "reverse", "sort",   "clear"};
         for (const char* m : kUnsafe)
           if (name == m) return unsafe(self, name);
         if (name == "index" || name == "count" || name == "copy") return list_method(self, name);
         return Value::undefined("");
       }
-      default: return Value::undefined("");
+      default:
+        return Value::undefined("");
     }
   }
 
@@ -1008,7 +1075,8 @@ class Interp {
       case Type::Namespace:
         if (key.is_string()) return get_attr(obj, key.s);
         break;
-      default: break;
+      default:
+        break;
     }
     if (key.is_string()) {
       Value m = bound(obj, key.s);
@@ -1066,14 +1134,17 @@ class Interp {
         const std::u32string u = utf8_decode(s);
         int64_t b = 0, e = static_cast<int64_t>(u.size()), st = 1;
         slice_indices(static_cast<int64_t>(u.size()), a.get(1, "start"), a.get(2, "end"), nullptr, b, e, st);
-        const std::string sub = b < e ? utf8_encode(std::u32string_view(u).substr(static_cast<size_t>(b), static_cast<size_t>(e - b))) : "";
+        const std::string sub = b < e ? utf8_encode(std::u32string_view(u).substr(static_cast<size_t>(b),
+                                                                                  static_cast<size_t>(e - b)))
+                                      : "";
         List cands = a.pos[0].type == Type::List && a.pos[0].tuple ? *a.pos[0].list : List{a.pos[0]};
         for (const auto& c : cands) {
           if (!c.is_string())
             raise(fmt::format("{} first arg must be str or a tuple of str, not {}", name, type_name(c)));
           if (b > static_cast<int64_t>(u.size())) continue;
-          if (name == "startswith" ? sub.compare(0, c.s.size(), c.s) == 0 && sub.size() >= c.s.size()
-                                   : sub.size() >= c.s.size() && sub.compare(sub.size() - c.s.size(), c.s.size(), c.s) == 0)
+          if (name == "startswith"
+                  ? sub.compare(0, c.s.size(), c.s) == 0 && sub.size() >= c.s.size()
+                  : sub.size() >= c.s.size() && sub.compare(sub.size() - c.s.size(), c.s.size(), c.s) == 0)
             return Value::boolean(true);
         }
         return Value::boolean(false);
@@ -1084,7 +1155,8 @@ class Interp {
         if (a.pos.size() < 2) raise("replace() takes at least 2 arguments");
         const Value* c = a.get(2, "count");
         return Value::string(py_replace(s, need_str(a.pos[0], "replace() argument 1"),
-                                        need_str(a.pos[1], "replace() argument 2"), c ? need_int(*c, "count") : -1));
+                                        need_str(a.pos[1], "replace() argument 2"),
+                                        c ? need_int(*c, "count") : -1));
       });
     if (name == "upper" || name == "lower")
       return fn([s, name](CallArgs&) { return Value::string(map_case(s, name == "upper")); });
@@ -1104,7 +1176,8 @@ class Interp {
         const std::u32string sub = utf8_decode(need_str(a.pos[0], "substring"));
         int64_t b = 0, e = 0, st = 1;
         slice_indices(static_cast<int64_t>(u.size()), a.get(1, "start"), a.get(2, "end"), nullptr, b, e, st);
-        const std::u32string hay = b < e ? u.substr(static_cast<size_t>(b), static_cast<size_t>(e - b)) : std::u32string();
+        const std::u32string hay =
+            b < e ? u.substr(static_cast<size_t>(b), static_cast<size_t>(e - b)) : std::u32string();
         if (name == "count") {
           if (sub.empty()) return Value::integer(static_cast<int64_t>(hay.size()) + 1);
           int64_t n = 0;
@@ -1126,15 +1199,16 @@ class Interp {
         std::string out;
         bool first = true;
         for (const auto& v : iterate(a.pos[0])) {
-          if (!v.is_string()) raise(fmt::format("sequence item: expected str instance, {} found", type_name(v)));
+          if (!v.is_string())
+            raise(fmt::format("sequence item: expected str instance, {} found", type_name(v)));
           if (!first) out += s;
           first = false;
           out += v.s;
         }
         return Value::string(std::move(out));
       });
-    if (name == "isdigit" || name == "isnumeric" || name == "isdecimal" || name == "isalpha" || name == "isalnum" ||
-        name == "isspace" || name == "islower" || name == "isupper")
+    if (name == "isdigit" || name == "isnumeric" || name == "isdecimal" || name == "isalpha" ||
+        name == "isalnum" || name == "isspace" || name == "islower" || name == "isupper")
       return fn([s, name](CallArgs&) {
         const std::u32string u = utf8_decode(s);
         if (u.empty()) return Value::boolean(false);
@@ -1148,12 +1222,17 @@ class Interp {
         }
         for (char32_t c : u) {
           const bool digit = c >= '0' && c <= '9';
-          const bool alpha = (c < 0x80 && std::isalpha(static_cast<int>(c))) || (c >= 0x80 && !is_py_space(c));
+          const bool alpha =
+              (c < 0x80 && std::isalpha(static_cast<int>(c))) || (c >= 0x80 && !is_py_space(c));
           bool ok = false;
-          if (name == "isspace") ok = is_py_space(c);
-          else if (name == "isalpha") ok = alpha;
-          else if (name == "isalnum") ok = alpha || digit;
-          else ok = digit;
+          if (name == "isspace")
+            ok = is_py_space(c);
+          else if (name == "isalpha")
+            ok = alpha;
+          else if (name == "isalnum")
+            ok = alpha || digit;
+          else
+            ok = digit;
           if (!ok) return Value::boolean(false);
         }
         return Value::boolean(true);
@@ -1165,7 +1244,8 @@ class Interp {
         const std::u32string u = utf8_decode(s);
         if (static_cast<int64_t>(u.size()) >= w) return Value::string(s);
         std::string pad(static_cast<size_t>(w - static_cast<int64_t>(u.size())), '0');
-        if (!s.empty() && (s[0] == '-' || s[0] == '+')) return Value::string(s.substr(0, 1) + pad + s.substr(1));
+        if (!s.empty() && (s[0] == '-' || s[0] == '+'))
+          return Value::string(s.substr(0, 1) + pad + s.substr(1));
         return Value::string(pad + s);
       });
     if (name == "center" || name == "ljust" || name == "rjust")
@@ -1192,16 +1272,19 @@ class Interp {
         if (sep.empty()) raise("empty separator");
         const size_t p = name == "partition" ? s.find(sep) : s.rfind(sep);
         if (p == std::string::npos)
-          return name == "partition" ? Value::list_of({Value::string(s), Value::string(""), Value::string("")}, true)
-                                     : Value::list_of({Value::string(""), Value::string(""), Value::string(s)}, true);
-        return Value::list_of({Value::string(s.substr(0, p)), Value::string(sep), Value::string(s.substr(p + sep.size()))},
-                              true);
+          return name == "partition"
+                     ? Value::list_of({Value::string(s), Value::string(""), Value::string("")}, true)
+                     : Value::list_of({Value::string(""), Value::string(""), Value::string(s)}, true);
+        return Value::list_of(
+            {Value::string(s.substr(0, p)), Value::string(sep), Value::string(s.substr(p + sep.size()))},
+            true);
       });
     if (name == "removeprefix" || name == "removesuffix")
       return fn([s, name](CallArgs& a) {
         if (a.pos.size() != 1) raise(fmt::format("{}() takes exactly one argument", name));
         const std::string x = need_str(a.pos[0], name.c_str());
-        if (name == "removeprefix" && s.compare(0, x.size(), x) == 0) return Value::string(s.substr(x.size()));
+        if (name == "removeprefix" && s.compare(0, x.size(), x) == 0)
+          return Value::string(s.substr(x.size()));
         if (name == "removesuffix" && !x.empty() && s.size() >= x.size() &&
             s.compare(s.size() - x.size(), x.size(), x) == 0)
           return Value::string(s.substr(0, s.size() - x.size()));
@@ -1232,7 +1315,8 @@ class Interp {
       });
     if (name == "get")
       return Value::function(name, [d](CallArgs& a) {
-        if (a.pos.empty() || a.pos.size() > 2 || !a.kw.empty()) raise("get() takes 1 or 2 positional arguments");
+        if (a.pos.empty() || a.pos.size() > 2 || !a.kw.empty())
+          raise("get() takes 1 or 2 positional arguments");
         const Value* v = d->find(a.pos[0]);
         if (v) return *v;
         return a.pos.size() == 2 ? a.pos[1] : Value::none();
@@ -1269,8 +1353,10 @@ class Interp {
     size_t start = 0;
     for (;;) {
       const size_t dot = path.s.find('.', start);
-      const std::string part = path.s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+      const std::string part =
+          path.s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (!part.empty() && std::all_of(part.begin(), part.end(),
+                                       [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
         cur = get_item(cur, Value::integer(std::stoll(part)));
       else
         cur = get_item(cur, Value::string(part));
@@ -1317,11 +1403,15 @@ class Interp {
       if (ind && !ind->is_none()) {
         o.has_indent = true;
         o.item_sep = ",";
-        o.indent = ind->is_string() ? ind->s : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(*ind, "indent"))), ' ');
+        o.indent =
+            ind->is_string()
+                ? ind->s
+                : std::string(static_cast<size_t>(std::max<int64_t>(0, need_int(*ind, "indent"))), ' ');
       }
       const Value* seps = a.get(2, "separators");
       if (seps && !seps->is_none()) {
-        if (seps->type != Type::List || seps->list->size() != 2) raise("tojson separators must be a pair of strings");
+        if (seps->type != Type::List || seps->list->size() != 2)
+          raise("tojson separators must be a pair of strings");
         o.item_sep = need_str((*seps->list)[0], "item separator");
         o.key_sep = need_str((*seps->list)[1], "key separator");
       }
@@ -1369,7 +1459,8 @@ class Interp {
       need_defined(v);  // int(Undefined) raises UndefinedError, which the filter does not catch
       if (v.type == Type::Int) return v;
       if (v.type == Type::Bool) return Value::integer(v.b);
-      if (v.type == Type::Float) return std::isfinite(v.f) ? Value::integer(static_cast<int64_t>(v.f)) : fallback;
+      if (v.type == Type::Float)
+        return std::isfinite(v.f) ? Value::integer(static_cast<int64_t>(v.f)) : fallback;
       if (v.is_string()) {
         std::string t = py_strip(v.s, true, true, nullptr);
         t.erase(std::remove(t.begin(), t.end(), '_'), t.end());
@@ -1579,7 +1670,8 @@ class Interp {
       List items;
       for (const auto& [k, x] : v.dict->items) items.push_back(pair(k, x));
       std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-        Value kx = sort_key((*x.list)[by_value ? 1 : 0], nullptr, cs), ky = sort_key((*y.list)[by_value ? 1 : 0], nullptr, cs);
+        Value kx = sort_key((*x.list)[by_value ? 1 : 0], nullptr, cs),
+              ky = sort_key((*y.list)[by_value ? 1 : 0], nullptr, cs);
         return rev ? compare(ky, kx, "<") < 0 : compare(kx, ky, "<") < 0;
       });
       return Value::list_of(std::move(items));
@@ -1587,10 +1679,14 @@ class Interp {
     if (name == "indent") {
       a.check(name, {"width", "first", "blank"});
       const Value* w = a.get(0, "width");
-      const std::string ind = w && w->is_string() ? w->s : std::string(static_cast<size_t>(w ? std::max<int64_t>(0, need_int(*w, "width")) : 4), ' ');
+      const std::string ind =
+          w && w->is_string()
+              ? w->s
+              : std::string(static_cast<size_t>(w ? std::max<int64_t>(0, need_int(*w, "width")) : 4), ' ');
       const bool first = flag(a.get(1, "first"), false);
       const bool blank = flag(a.get(2, "blank"), false);
-      if (!v.is_string()) raise(fmt::format("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
+      if (!v.is_string())
+        raise(fmt::format("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
       std::vector<std::string> lines = splitlines(v.s + "\n", false);
       std::string rv;
       if (blank) {
@@ -1617,11 +1713,14 @@ class Interp {
       int64_t n = 0;
       bool in_word = false;
       for (char32_t c : utf8_decode(to_str(v))) {
-        // \w: letters and digits; Latin-1 symbols, punctuation, symbol blocks and emoji are not word characters.
-        const bool symbol = (c >= 0x80 && c <= 0xBF) || c == 0xD7 || c == 0xF7 || (c >= 0x2000 && c <= 0x2BFF) ||
-                            (c >= 0x3000 && c <= 0x303F) || (c >= 0xFE00 && c <= 0xFE0F) || (c >= 0xFF00 && c <= 0xFF0F) ||
+        // \w: letters and digits; Latin-1 symbols, punctuation, symbol blocks and emoji are not word
+        // characters.
+        const bool symbol = (c >= 0x80 && c <= 0xBF) || c == 0xD7 || c == 0xF7 ||
+                            (c >= 0x2000 && c <= 0x2BFF) || (c >= 0x3000 && c <= 0x303F) ||
+                            (c >= 0xFE00 && c <= 0xFE0F) || (c >= 0xFF00 && c <= 0xFF0F) ||
                             (c >= 0x1F000 && c <= 0x1FAFF);
-        const bool w = c == '_' || (c < 0x80 ? std::isalnum(static_cast<int>(c)) != 0 : !is_py_space(c) && !symbol);
+        const bool w =
+            c == '_' || (c < 0x80 ? std::isalnum(static_cast<int>(c)) != 0 : !is_py_space(c) && !symbol);
         if (w && !in_word) ++n;
         in_word = w;
       }
@@ -1649,9 +1748,11 @@ class Interp {
     if (name == "false") return v.type == Type::Bool && !v.b;
     if (name == "mapping") return v.type == Type::Dict;
     if (name == "iterable")
-      return v.type == Type::Undefined || v.type == Type::String || v.type == Type::List || v.type == Type::Dict;
+      return v.type == Type::Undefined || v.type == Type::String || v.type == Type::List ||
+             v.type == Type::Dict;
     if (name == "sequence")
-      return v.type == Type::Undefined || v.type == Type::String || v.type == Type::List || v.type == Type::Dict;
+      return v.type == Type::Undefined || v.type == Type::String || v.type == Type::List ||
+             v.type == Type::Dict;
     if (name == "callable") return v.type == Type::Function;
     if (name == "eq" || name == "equalto" || name == "==") return equals(v, arg());
     if (name == "ne" || name == "!=") return !equals(v, arg());
@@ -1667,7 +1768,8 @@ class Interp {
       if (v.type == Type::Dict || v.type == Type::Namespace) return v.dict == o.dict;
       return equals(v, o);
     }
-    if (name == "odd" || name == "even") return equals(binary("%", v, Value::integer(2)), Value::integer(name == "odd"));
+    if (name == "odd" || name == "even")
+      return equals(binary("%", v, Value::integer(2)), Value::integer(name == "odd"));
     if (name == "divisibleby") {
       const int64_t d = need_int(arg(), "divisibleby argument");
       if (d == 0) raise("integer division or modulo by zero");
@@ -1675,7 +1777,8 @@ class Interp {
     }
     if (name == "lower" || name == "upper") {
       CallArgs none;
-      return truthy(call(string_method(Value::string(to_str(v)), name == "lower" ? "islower" : "isupper"), none));
+      return truthy(
+          call(string_method(Value::string(to_str(v)), name == "lower" ? "islower" : "isupper"), none));
     }
     if (name == "escaped") return false;
     if (name == "filter") return known_filter(to_str(v));

@@ -13,7 +13,9 @@
 namespace strata::chat {
 namespace {
 
-[[noreturn]] void syntax_error(int line, const std::string& msg) { fail("chat_template", "line {}: {}", line, msg); }
+[[noreturn]] void syntax_error(int line, const std::string& msg) {
+  fail("chat_template", "line {}: {}", line, msg);
+}
 
 // ---- lexer ------------------------------------------------------------------------------------------------
 
@@ -34,12 +36,17 @@ struct Piece {
   int line = 0;
 };
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_ws(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
-std::string rstrip_text(const std::string& s) { return py_strip(s, false, true, nullptr); }
+std::string rstrip_text(const std::string& s) {
+  return py_strip(s, false, true, nullptr);
+}
 
 int count_nl(const std::string& s, size_t from, size_t to) {
-  return static_cast<int>(std::count(s.begin() + static_cast<std::ptrdiff_t>(from), s.begin() + static_cast<std::ptrdiff_t>(to), '\n'));
+  return static_cast<int>(std::count(s.begin() + static_cast<std::ptrdiff_t>(from),
+                                     s.begin() + static_cast<std::ptrdiff_t>(to), '\n'));
 }
 
 // Python's unicode-escape decoding of a string literal body (as Jinja's lexer does).
@@ -58,29 +65,61 @@ std::string unescape(const std::string& body, int line) {
         if (k + 1 >= body.size()) syntax_error(line, "truncated \\x/\\u escape in string literal");
         const char h = body[++k];
         v <<= 4;
-        if (h >= '0' && h <= '9') v |= static_cast<char32_t>(h - '0');
-        else if (h >= 'a' && h <= 'f') v |= static_cast<char32_t>(h - 'a' + 10);
-        else if (h >= 'A' && h <= 'F') v |= static_cast<char32_t>(h - 'A' + 10);
-        else syntax_error(line, "invalid \\x/\\u escape in string literal");
+        if (h >= '0' && h <= '9')
+          v |= static_cast<char32_t>(h - '0');
+        else if (h >= 'a' && h <= 'f')
+          v |= static_cast<char32_t>(h - 'a' + 10);
+        else if (h >= 'A' && h <= 'F')
+          v |= static_cast<char32_t>(h - 'A' + 10);
+        else
+          syntax_error(line, "invalid \\x/\\u escape in string literal");
       }
       return v;
     };
     switch (e) {
-      case '\n': break;
-      case '\\': out.push_back('\\'); break;
-      case '\'': out.push_back('\''); break;
-      case '"': out.push_back('"'); break;
-      case 'a': out.push_back('\a'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
-      case 'v': out.push_back('\v'); break;
-      case 'x': utf8_append(out, hex(2)); break;
-      case 'u': utf8_append(out, hex(4)); break;
-      case 'U': utf8_append(out, hex(8)); break;
-      case 'N': syntax_error(line, "\\N{...} escapes in string literals are not supported");
+      case '\n':
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '\'':
+        out.push_back('\'');
+        break;
+      case '"':
+        out.push_back('"');
+        break;
+      case 'a':
+        out.push_back('\a');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'v':
+        out.push_back('\v');
+        break;
+      case 'x':
+        utf8_append(out, hex(2));
+        break;
+      case 'u':
+        utf8_append(out, hex(4));
+        break;
+      case 'U':
+        utf8_append(out, hex(8));
+        break;
+      case 'N':
+        syntax_error(line, "\\N{...} escapes in string literals are not supported");
       default:
         if (e >= '0' && e <= '7') {
           char32_t v = static_cast<char32_t>(e - '0');
@@ -161,8 +200,8 @@ class Lexer {
     out_.push_back(std::move(p));
   }
 
-  // `{%-` strips all whitespace before the tag; otherwise lstrip_blocks strips the spaces and tabs between the
-  // start of the line and a block or comment tag (not `{{`, not `{%+`).
+  // `{%-` strips all whitespace before the tag; otherwise lstrip_blocks strips the spaces and tabs between
+  // the start of the line and a block or comment tag (not `{{`, not `{%+`).
   void left_strip(std::string& text, char sign, bool block_like) const {
     if (sign == '-') {
       text = rstrip_text(text);
@@ -316,8 +355,9 @@ class Lexer {
   size_t number(size_t p, std::vector<Token>& toks, Token& t) {
     const size_t n = src_.size();
     auto digits = [&](size_t q) {
-      while (q < n && (std::isdigit(static_cast<unsigned char>(src_[q])) ||
-                       (src_[q] == '_' && q + 1 < n && std::isdigit(static_cast<unsigned char>(src_[q + 1])))))
+      while (q < n &&
+             (std::isdigit(static_cast<unsigned char>(src_[q])) ||
+              (src_[q] == '_' && q + 1 < n && std::isdigit(static_cast<unsigned char>(src_[q + 1])))))
         ++q;
       return q;
     };
@@ -362,19 +402,21 @@ class Lexer {
 
 const std::set<std::string>& filter_names() {
   static const std::set<std::string> s = {
-      "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e", "escape", "first",
-      "float", "format", "indent", "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min",
-      "reject", "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum",
-      "title", "tojson", "trim", "unique", "upper", "wordcount"};
+      "abs",     "attr",    "batch", "capitalize", "center", "count",      "d",    "default", "dictsort",
+      "e",       "escape",  "first", "float",      "format", "indent",     "int",  "items",   "join",
+      "last",    "length",  "list",  "lower",      "map",    "max",        "min",  "reject",  "rejectattr",
+      "replace", "reverse", "round", "safe",       "select", "selectattr", "sort", "string",  "sum",
+      "title",   "tojson",  "trim",  "unique",     "upper",  "wordcount"};
   return s;
 }
 
 const std::set<std::string>& test_names() {
   static const std::set<std::string> s = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "escaped", "even", "false", "filter",
-      "float", "ge", ">=", "gt", "greaterthan", ">", "in", "integer", "iterable", "le", "<=", "lower", "lt",
-      "lessthan", "<", "mapping", "ne", "!=", "none", "number", "odd", "sameas", "sequence", "string", "test", "true",
-      "undefined", "upper"};
+      "boolean",  "callable", "defined", "divisibleby", "eq",   "equalto",   "==",     "escaped",
+      "even",     "false",    "filter",  "float",       "ge",   ">=",        "gt",     "greaterthan",
+      ">",        "in",       "integer", "iterable",    "le",   "<=",        "lower",  "lt",
+      "lessthan", "<",        "mapping", "ne",          "!=",   "none",      "number", "odd",
+      "sameas",   "sequence", "string",  "test",        "true", "undefined", "upper"};
   return s;
 }
 
@@ -404,9 +446,12 @@ class ExprParser {
 
   static std::string describe(const Token& t) {
     switch (t.kind) {
-      case Tok::End: return "end of tag";
-      case Tok::String: return "string literal";
-      default: return "'" + t.text + "'";
+      case Tok::End:
+        return "end of tag";
+      case Tok::String:
+        return "string literal";
+      default:
+        return "'" + t.text + "'";
     }
   }
   [[noreturn]] void unexpected(const std::string& expected) const {
@@ -671,7 +716,8 @@ class ExprParser {
           return d;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     unexpected("an expression");
   }
@@ -741,7 +787,8 @@ class ExprParser {
     while (!is_op(")")) {
       if (!into.args.empty() || !into.kwargs.empty()) expect_op(",");
       if (is_op(")")) break;
-      if (is_op("*") || is_op("**")) syntax_error(cur().line, "'*args' / '**kwargs' in calls are not supported");
+      if (is_op("*") || is_op("**"))
+        syntax_error(cur().line, "'*args' / '**kwargs' in calls are not supported");
       if (cur().kind == Tok::Name && peek().kind == Tok::Op && peek().text == "=") {
         std::string k = cur().text;
         next();
@@ -828,7 +875,8 @@ class ExprParser {
 // ---- statement parser -------------------------------------------------------------------------------------
 
 const char* const kSupportedTags =
-    "if/elif/else/endif, for/else/endfor, set/endset, macro/endmacro, filter/endfilter, with/endwith, raw/endraw, "
+    "if/elif/else/endif, for/else/endfor, set/endset, macro/endmacro, filter/endfilter, with/endwith, "
+    "raw/endraw, "
     "break, continue, generation/endgeneration";
 
 class Parser {
@@ -846,12 +894,14 @@ class Parser {
   size_t pos_ = 0;
 
   static std::string tag_name(const Piece& p) {
-    if (p.tokens.empty() || p.tokens[0].kind != Tok::Name) syntax_error(p.line, "expected a tag name after '{%'");
+    if (p.tokens.empty() || p.tokens[0].kind != Tok::Name)
+      syntax_error(p.line, "expected a tag name after '{%'");
     return p.tokens[0].text;
   }
 
   // Parses statements until a block tag whose name is in `ends` (left unconsumed: its name goes to *end).
-  Body body(const std::vector<std::string>& ends, std::string* end, int open_line, const char* open = nullptr) {
+  Body body(const std::vector<std::string>& ends, std::string* end, int open_line,
+            const char* open = nullptr) {
     Body out;
     while (pos_ < pieces_.size()) {
       Piece& p = pieces_[pos_];
@@ -1004,9 +1054,11 @@ class Parser {
       ep.expect_end();
     } else if (name == "elif" || name == "else" || name.rfind("end", 0) == 0) {
       syntax_error(line, fmt::format("unexpected '{{% {} %}}' (no open block it could close)", name));
-    } else if (name == "include" || name == "import" || name == "from" || name == "extends" || name == "block" ||
-               name == "call" || name == "do" || name == "autoescape" || name == "trans" || name == "print") {
-      syntax_error(line, fmt::format("unsupported tag '{{% {} %}}' (supported tags: {})", name, kSupportedTags));
+    } else if (name == "include" || name == "import" || name == "from" || name == "extends" ||
+               name == "block" || name == "call" || name == "do" || name == "autoescape" || name == "trans" ||
+               name == "print") {
+      syntax_error(line,
+                   fmt::format("unsupported tag '{{% {} %}}' (supported tags: {})", name, kSupportedTags));
     } else {
       syntax_error(line, fmt::format("unknown tag '{{% {} %}}' (supported tags: {})", name, kSupportedTags));
     }
@@ -1033,8 +1085,12 @@ class Parser {
 
 }  // namespace
 
-bool known_filter(const std::string& name) { return filter_names().count(name) != 0; }
-bool known_test(const std::string& name) { return test_names().count(name) != 0; }
+bool known_filter(const std::string& name) {
+  return filter_names().count(name) != 0;
+}
+bool known_test(const std::string& name) {
+  return test_names().count(name) != 0;
+}
 
 Body parse_template(const std::string& source) {
   Lexer lex(source);

@@ -10,7 +10,9 @@
 
 namespace strata::chat {
 
-void raise(const std::string& message) { throw TemplateError(message); }
+void raise(const std::string& message) {
+  throw TemplateError(message);
+}
 
 Value Value::dict_of(Dict d) {
   Value v = make(Type::Dict);
@@ -70,16 +72,26 @@ void CallArgs::check(std::string_view what, std::initializer_list<std::string_vi
 
 std::string type_name(const Value& v) {
   switch (v.type) {
-    case Type::Undefined: return "Undefined";
-    case Type::None: return "NoneType";
-    case Type::Bool: return "bool";
-    case Type::Int: return "int";
-    case Type::Float: return "float";
-    case Type::String: return "str";
-    case Type::List: return v.tuple ? "tuple" : "list";
-    case Type::Dict: return "dict";
-    case Type::Namespace: return "Namespace";
-    case Type::Function: return "function";
+    case Type::Undefined:
+      return "Undefined";
+    case Type::None:
+      return "NoneType";
+    case Type::Bool:
+      return "bool";
+    case Type::Int:
+      return "int";
+    case Type::Float:
+      return "float";
+    case Type::String:
+      return "str";
+    case Type::List:
+      return v.tuple ? "tuple" : "list";
+    case Type::Dict:
+      return "dict";
+    case Type::Namespace:
+      return "Namespace";
+    case Type::Function:
+      return "function";
   }
   return "?";
 }
@@ -87,15 +99,23 @@ std::string type_name(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.type) {
     case Type::Undefined:
-    case Type::None: return false;
-    case Type::Bool: return v.b;
-    case Type::Int: return v.i != 0;
-    case Type::Float: return v.f != 0.0;
-    case Type::String: return !v.s.empty();
-    case Type::List: return !v.list->empty();
-    case Type::Dict: return !v.dict->items.empty();
+    case Type::None:
+      return false;
+    case Type::Bool:
+      return v.b;
+    case Type::Int:
+      return v.i != 0;
+    case Type::Float:
+      return v.f != 0.0;
+    case Type::String:
+      return !v.s.empty();
+    case Type::List:
+      return !v.list->empty();
+    case Type::Dict:
+      return !v.dict->items.empty();
     case Type::Namespace:
-    case Type::Function: return true;
+    case Type::Function:
+      return true;
   }
   return false;
 }
@@ -212,7 +232,8 @@ std::string float_repr(double x) {
     } else if (exp10 + 1 >= nd) {
       out = digits + std::string(static_cast<size_t>(exp10 + 1 - nd), '0') + ".0";
     } else {
-      out = digits.substr(0, static_cast<size_t>(exp10 + 1)) + "." + digits.substr(static_cast<size_t>(exp10 + 1));
+      out = digits.substr(0, static_cast<size_t>(exp10 + 1)) + "." +
+            digits.substr(static_cast<size_t>(exp10 + 1));
     }
     return sign + out;
   }
@@ -291,24 +312,37 @@ static std::string repr_dict(const Dict& d) {
 
 std::string repr(const Value& v) {
   switch (v.type) {
-    case Type::Undefined: return "Undefined";
-    case Type::String: return repr_string(v.s);
-    default: return to_str(v);
+    case Type::Undefined:
+      return "Undefined";
+    case Type::String:
+      return repr_string(v.s);
+    default:
+      return to_str(v);
   }
 }
 
 std::string to_str(const Value& v) {
   switch (v.type) {
-    case Type::Undefined: return "";
-    case Type::None: return "None";
-    case Type::Bool: return v.b ? "True" : "False";
-    case Type::Int: return std::to_string(v.i);
-    case Type::Float: return float_repr(v.f);
-    case Type::String: return v.s;
-    case Type::List: return repr_seq(v);
-    case Type::Dict: return repr_dict(*v.dict);
-    case Type::Namespace: return "<Namespace " + repr_dict(*v.dict) + ">";
-    case Type::Function: return "<function " + v.fn->name + ">";
+    case Type::Undefined:
+      return "";
+    case Type::None:
+      return "None";
+    case Type::Bool:
+      return v.b ? "True" : "False";
+    case Type::Int:
+      return std::to_string(v.i);
+    case Type::Float:
+      return float_repr(v.f);
+    case Type::String:
+      return v.s;
+    case Type::List:
+      return repr_seq(v);
+    case Type::Dict:
+      return repr_dict(*v.dict);
+    case Type::Namespace:
+      return "<Namespace " + repr_dict(*v.dict) + ">";
+    case Type::Function:
+      return "<function " + v.fn->name + ">";
   }
   return "";
 }
@@ -319,14 +353,29 @@ static void json_string(std::string& out, const std::string& s, bool ensure_asci
   out += '"';
   for (char32_t c : utf8_decode(s)) {
     switch (c) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (c < 0x20 || (ensure_ascii && c >= 0x7F)) {
       if (c >= 0x10000) {
@@ -351,12 +400,18 @@ static std::string json_float(double x) {
 
 static std::string json_key(const Value& k) {
   switch (k.type) {
-    case Type::String: return k.s;
-    case Type::Int: return std::to_string(k.i);
-    case Type::Float: return json_float(k.f);
-    case Type::Bool: return k.b ? "true" : "false";
-    case Type::None: return "null";
-    default: raise(fmt::format("keys must be str, int, float, bool or None, not {}", type_name(k)));
+    case Type::String:
+      return k.s;
+    case Type::Int:
+      return std::to_string(k.i);
+    case Type::Float:
+      return json_float(k.f);
+    case Type::Bool:
+      return k.b ? "true" : "false";
+    case Type::None:
+      return "null";
+    default:
+      raise(fmt::format("keys must be str, int, float, bool or None, not {}", type_name(k)));
   }
 }
 
@@ -366,11 +421,21 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& opt,
     for (int k = 0; k < lvl; ++k) out += opt.indent;
   };
   switch (v.type) {
-    case Type::None: out += "null"; return;
-    case Type::Bool: out += v.b ? "true" : "false"; return;
-    case Type::Int: out += std::to_string(v.i); return;
-    case Type::Float: out += json_float(v.f); return;
-    case Type::String: json_string(out, v.s, opt.ensure_ascii); return;
+    case Type::None:
+      out += "null";
+      return;
+    case Type::Bool:
+      out += v.b ? "true" : "false";
+      return;
+    case Type::Int:
+      out += std::to_string(v.i);
+      return;
+    case Type::Float:
+      out += json_float(v.f);
+      return;
+    case Type::String:
+      json_string(out, v.s, opt.ensure_ascii);
+      return;
     case Type::List: {
       if (v.list->empty()) {
         out += "[]";
@@ -394,7 +459,8 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& opt,
       std::vector<std::pair<std::string, const Value*>> items;
       for (const auto& [k, val] : v.dict->items) items.emplace_back(json_key(k), &val);
       if (opt.sort_keys)
-        std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        std::stable_sort(items.begin(), items.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
       out += '{';
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += opt.item_sep;
@@ -407,7 +473,8 @@ static void json_value(std::string& out, const Value& v, const JsonOptions& opt,
       out += '}';
       return;
     }
-    default: raise(fmt::format("Object of type {} is not JSON serializable", type_name(v)));
+    default:
+      raise(fmt::format("Object of type {} is not JSON serializable", type_name(v)));
   }
 }
 
@@ -423,7 +490,9 @@ static double as_double(const Value& v) {
   return v.type == Type::Float ? v.f : v.type == Type::Int ? static_cast<double>(v.i) : (v.b ? 1.0 : 0.0);
 }
 
-static int64_t as_int(const Value& v) { return v.type == Type::Int ? v.i : (v.b ? 1 : 0); }
+static int64_t as_int(const Value& v) {
+  return v.type == Type::Int ? v.i : (v.b ? 1 : 0);
+}
 
 bool equals(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
@@ -433,8 +502,10 @@ bool equals(const Value& a, const Value& b) {
   if (a.type != b.type) return false;
   switch (a.type) {
     case Type::Undefined:
-    case Type::None: return true;
-    case Type::String: return a.s == b.s;
+    case Type::None:
+      return true;
+    case Type::String:
+      return a.s == b.s;
     case Type::List: {
       if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
@@ -449,9 +520,12 @@ bool equals(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Type::Namespace: return a.dict == b.dict;
-    case Type::Function: return a.fn == b.fn;
-    default: return false;
+    case Type::Namespace:
+      return a.dict == b.dict;
+    case Type::Function:
+      return a.fn == b.fn;
+    default:
+      return false;
   }
 }
 
@@ -483,16 +557,21 @@ int compare(const Value& a, const Value& b, const char* op) {
 template <class J>
 static Value convert(const J& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.template get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case nlohmann::json::value_t::null:
+      return Value::none();
+    case nlohmann::json::value_t::boolean:
+      return Value::boolean(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer:
+      return Value::integer(j.template get<int64_t>());
     case nlohmann::json::value_t::number_unsigned: {
       const auto u = j.template get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) return Value::number(static_cast<double>(u));
       return Value::integer(static_cast<int64_t>(u));
     }
-    case nlohmann::json::value_t::number_float: return Value::number(j.template get<double>());
-    case nlohmann::json::value_t::string: return Value::string(j.template get<std::string>());
+    case nlohmann::json::value_t::number_float:
+      return Value::number(j.template get<double>());
+    case nlohmann::json::value_t::string:
+      return Value::string(j.template get<std::string>());
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(j.size());
@@ -502,14 +581,20 @@ static Value convert(const J& j) {
     case nlohmann::json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) d.items.emplace_back(Value::string(it.key()), convert(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        d.items.emplace_back(Value::string(it.key()), convert(it.value()));
       return Value::dict_of(std::move(d));
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
-Value from_json(const nlohmann::ordered_json& j) { return convert(j); }
-Value from_json(const nlohmann::json& j) { return convert(j); }
+Value from_json(const nlohmann::ordered_json& j) {
+  return convert(j);
+}
+Value from_json(const nlohmann::json& j) {
+  return convert(j);
+}
 
 }  // namespace strata::chat

@@ -33,10 +33,10 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0.0;
-  std::string s;                    // String; for Undefined: the error an access would raise
-  std::shared_ptr<List> list;       // List (tuple=true for Python tuples: repr "(a, b)")
-  std::shared_ptr<Dict> dict;       // Dict and Namespace (a namespace's dict is mutable through `set ns.x`)
-  std::shared_ptr<Callable> fn;     // Function
+  std::string s;                 // String; for Undefined: the error an access would raise
+  std::shared_ptr<List> list;    // List (tuple=true for Python tuples: repr "(a, b)")
+  std::shared_ptr<Dict> dict;    // Dict and Namespace (a namespace's dict is mutable through `set ns.x`)
+  std::shared_ptr<Callable> fn;  // Function
   bool tuple = false;
 
   static Value undefined(std::string why) {

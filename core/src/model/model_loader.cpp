@@ -11,7 +11,9 @@ namespace fs = std::filesystem;
 namespace {
 constexpr std::string_view kComp = "model";
 
-std::string shape_str(std::initializer_list<int64_t> s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string shape_str(std::initializer_list<int64_t> s) {
+  return fmt::format("[{}]", fmt::join(s, ", "));
+}
 }  // namespace
 
 class ModelLoader {
@@ -26,8 +28,8 @@ class ModelLoader {
     }
     const auto& info = *ref->info;
     if (info.shape != std::vector<int64_t>(shape)) {
-      fail(kComp, "{}: tensor '{}' has shape {}, expected {}", ref->file->path().string(), name, info.shape_str(),
-           shape_str(shape));
+      fail(kComp, "{}: tensor '{}' has shape {}, expected {}", ref->file->path().string(), name,
+           info.shape_str(), shape_str(shape));
     }
     return *ref;
   }
@@ -46,11 +48,18 @@ class ModelLoader {
     TensorRef t = tensor(name, {rows, cols});
     Matrix mat;
     switch (t.info->dtype) {
-      case DType::F32: mat.format = WeightFormat::F32; break;
-      case DType::BF16: mat.format = WeightFormat::BF16; break;
-      case DType::F16: mat.format = WeightFormat::F16; break;
+      case DType::F32:
+        mat.format = WeightFormat::F32;
+        break;
+      case DType::BF16:
+        mat.format = WeightFormat::BF16;
+        break;
+      case DType::F16:
+        mat.format = WeightFormat::F16;
+        break;
       default:
-        fail(kComp, "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16 (or U8 int4 with '{}.qs' scales)",
+        fail(kComp,
+             "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16 (or U8 int4 with '{}.qs' scales)",
              t.file->path().string(), name, dtype_name(t.info->dtype), name);
     }
     mat.rows = rows;
@@ -59,11 +68,13 @@ class ModelLoader {
     return mat;
   }
 
-  // An int4 tensor: U8 [O, ceil(I/2)] plus F32 scales `<name>.qs` with O (Q4_ROW) or O·ceil(I/64) (Q4_G64) values.
+  // An int4 tensor: U8 [O, ceil(I/2)] plus F32 scales `<name>.qs` with O (Q4_ROW) or O·ceil(I/64) (Q4_G64)
+  // values.
   Matrix q4_matrix(const TensorRef& ref, const std::string& name, int64_t rows, int64_t cols) {
     const std::string file = ref.file->path().string();
     if (ref.info->shape != std::vector<int64_t>{rows, q4_row_bytes(cols)}) {
-      fail(kComp, "{}: int4 tensor '{}' has shape {}, expected [{}, {}] (packed nibbles of a [{}, {}] matrix)", file,
+      fail(kComp,
+           "{}: int4 tensor '{}' has shape {}, expected [{}, {}] (packed nibbles of a [{}, {}] matrix)", file,
            name, ref.info->shape_str(), rows, q4_row_bytes(cols), rows, cols);
     }
     auto qs = m_.st_->find(name + ".qs");
@@ -81,8 +92,8 @@ class ModelLoader {
     } else if (n == rows) {
       m.format = WeightFormat::Q4_ROW;
     } else {
-      fail(kComp, "{}: scales '{}.qs' hold {} values, expected {} (Q4_ROW) or {} (Q4_G64)", qs->file->path().string(),
-           name, n, rows, rows * ng);
+      fail(kComp, "{}: scales '{}.qs' hold {} values, expected {} (Q4_ROW) or {} (Q4_G64)",
+           qs->file->path().string(), name, n, rows, rows * ng);
     }
     m.data = ref.data();
     m.scales = static_cast<const float*>(aligned(qs->data(), qs->info->nbytes, 4));
@@ -117,7 +128,9 @@ class ModelLoader {
     const std::byte* p = ref.data();
     for (int64_t i = 0; i < n; ++i) {
       switch (ref.info->dtype) {
-        case DType::F32: std::memcpy(&out[i], p + 4 * i, 4); break;
+        case DType::F32:
+          std::memcpy(&out[i], p + 4 * i, 4);
+          break;
         case DType::BF16: {
           uint16_t h;
           std::memcpy(&h, p + 2 * i, 2);
@@ -131,8 +144,8 @@ class ModelLoader {
           break;
         }
         default:
-          fail(kComp, "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16", ref.file->path().string(), name,
-               dtype_name(ref.info->dtype));
+          fail(kComp, "{}: tensor '{}' has dtype {}, expected F32, BF16 or F16", ref.file->path().string(),
+               name, dtype_name(ref.info->dtype));
       }
     }
     return out;
@@ -142,7 +155,9 @@ class ModelLoader {
 
   ExpertMatrices mlp(const std::string& prefix, int64_t ffn, bool routed = false) {
     const int64_t h = m_.spec_.hidden;
-    auto get = [&](const std::string& n, int64_t r, int64_t c) { return routed ? expert_matrix(n, r, c) : matrix(n, r, c); };
+    auto get = [&](const std::string& n, int64_t r, int64_t c) {
+      return routed ? expert_matrix(n, r, c) : matrix(n, r, c);
+    };
     return ExpertMatrices{get(prefix + ".gate_proj.weight", ffn, h), get(prefix + ".up_proj.weight", ffn, h),
                           get(prefix + ".down_proj.weight", h, ffn)};
   }
@@ -213,8 +228,10 @@ class ModelLoader {
       const int64_t per_head = s.qk_nope_dim + s.v_head_dim;
       const Matrix kv_b = matrix(p + "self_attn.kv_b_proj.weight", s.n_heads * per_head, s.kv_lora_rank);
       if (kv_b.scales != nullptr) {
-        fail(kComp, "{}: '{}self_attn.kv_b_proj.weight' is int4; it must stay F32/BF16/F16 (it is split per head "
-             "for absorbed attention)", m_.dir_.string(), p);
+        fail(kComp,
+             "{}: '{}self_attn.kv_b_proj.weight' is int4; it must stay F32/BF16/F16 (it is split per head "
+             "for absorbed attention)",
+             m_.dir_.string(), p);
       }
       for (int64_t h = 0; h < s.n_heads; ++h) {
         a.k_absorb.push_back(transposed_slice(kv_b, h * per_head, s.qk_nope_dim));
@@ -235,7 +252,8 @@ class ModelLoader {
     }
     L.moe = s.moe_layer[static_cast<size_t>(l)];
     if (!L.moe) {
-      if (s.intermediate <= 0) fail(kComp, "{}: layer {} is dense but intermediate_size is missing", m_.dir_.string(), l);
+      if (s.intermediate <= 0)
+        fail(kComp, "{}: layer {} is dense but intermediate_size is missing", m_.dir_.string(), l);
       L.dense_mlp = mlp(p + "mlp", s.intermediate);
       return;
     }
@@ -265,9 +283,10 @@ class ModelLoader {
     for (const auto& L : m_.layers_) {
       if (L.moe) {
         for (const auto& e : L.experts.experts) (void)m_.backends_.expert_backend_for(e.gate.format);
-        if (L.experts.has_shared && !m_.backends_.dense->supports_expert_group(L.experts.shared.gate.format)) {
-          fail("backends", "dense backend {} cannot run the shared expert's {} weights", m_.backends_.dense->name(),
-               weight_format_name(L.experts.shared.gate.format));
+        if (L.experts.has_shared &&
+            !m_.backends_.dense->supports_expert_group(L.experts.shared.gate.format)) {
+          fail("backends", "dense backend {} cannot run the shared expert's {} weights",
+               m_.backends_.dense->name(), weight_format_name(L.experts.shared.gate.format));
         }
       } else if (!m_.backends_.dense->supports_expert_group(L.dense_mlp.gate.format)) {
         fail("backends", "dense backend {} cannot run the dense MLP's {} weights", m_.backends_.dense->name(),
@@ -279,7 +298,8 @@ class ModelLoader {
   void load() {
     const ModelSpec& s = m_.spec_;
     m_.embed_ = matrix("model.embed_tokens.weight", s.vocab, s.hidden);
-    if (m_.embed_.scales != nullptr) fail(kComp, "{}: the embedding must be F32/BF16/F16, not int4", m_.dir_.string());
+    if (m_.embed_.scales != nullptr)
+      fail(kComp, "{}: the embedding must be F32/BF16/F16, not int4", m_.dir_.string());
     if (s.tie_embeddings && !has("lm_head.weight")) {
       m_.lm_head_ = m_.embed_;
     } else {

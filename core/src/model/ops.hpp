@@ -1,5 +1,6 @@
-// Core f32 math used by the forward pass (norms, rope, softmax, dot). The core's own dot (router logits, attention
-// scores) has its fixed order below; the plugins' exact-mode order is in plugins/cpu_generic/kernels/dot.hpp.
+// Core f32 math used by the forward pass (norms, rope, softmax, dot). The core's own dot (router logits,
+// attention scores) has its fixed order below; the plugins' exact-mode order is in
+// plugins/cpu_generic/kernels/dot.hpp.
 #pragma once
 
 #include <cmath>
@@ -52,8 +53,12 @@ inline void layer_norm(const float* x, const float* w, const float* b, int64_t n
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - mean) * r * w[i] + b[i];
 }
 
-inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float g) {
+  return g / (1.0f + std::exp(-g));
+}
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 // Rotary frequencies of a RopeSpec (default or yarn), computed in f32 as transformers does.
 class Rope {

@@ -8,7 +8,9 @@
 
 namespace strata::ops {
 namespace {
-double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double m) {
+  return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
 
 // Round to the nearest bf16 / f16 value (ties to even), returned as f32 — what casting the buffer does.
 float round_to(float f, const std::string& dtype) {
@@ -40,7 +42,8 @@ Rope::Rope(const RopeSpec& spec) : dim_(spec.rotary_dim) {
   }
   const double factor = spec.factor;
   auto correction_dim = [&](double n_rot) {
-    return (static_cast<double>(dim_) * std::log(spec.original_max_position / (n_rot * 2 * std::numbers::pi))) /
+    return (static_cast<double>(dim_) *
+            std::log(spec.original_max_position / (n_rot * 2 * std::numbers::pi))) /
            (2 * std::log(spec.theta));
   };
   double low = std::floor(correction_dim(spec.beta_fast));

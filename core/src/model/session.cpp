@@ -1,6 +1,6 @@
-// Session: the forward pass of every family (GQA or absorbed MLA attention, optional DSA indexer, dense MLP or
-// routed experts) over a per-sequence KV cache. Prefill and decode share every kernel and reduction order, so a
-// position's logits are bitwise the same whichever way it was fed.
+// Session: the forward pass of every family (GQA or absorbed MLA attention, optional DSA indexer, dense MLP
+// or routed experts) over a per-sequence KV cache. Prefill and decode share every kernel and reduction order,
+// so a position's logits are bitwise the same whichever way it was fed.
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
@@ -56,7 +56,10 @@ using Selection = std::vector<std::vector<int32_t>>;
 
 struct Session::Impl {
   Impl(const Model& m, int threads)
-      : model(m), spec(m.spec()), rope(m.spec().rope), arena(threads > 0 ? threads : tbb::task_arena::automatic) {
+      : model(m),
+        spec(m.spec()),
+        rope(m.spec().rope),
+        arena(threads > 0 ? threads : tbb::task_arena::automatic) {
     caches.resize(static_cast<size_t>(spec.n_layers));
   }
 
@@ -90,7 +93,8 @@ struct Session::Impl {
     b.expert_group(x.data(), T, spec.hidden, std::span<const ExpertTask>(&task, 1));
   }
 
-  // ---- attention -------------------------------------------------------------------------------------------
+  // ---- attention
+  // -------------------------------------------------------------------------------------------
 
   void gqa(const LayerWeights& L, LayerCache& c, const Vec& h, int64_t n_past, int64_t T, Vec& out) const {
     const GqaWeights& a = L.gqa;
@@ -145,8 +149,8 @@ struct Session::Impl {
     matmul(a.o, attn, T, out);
   }
 
-  // DSA lightning indexer: fills sel[t] with the index_topk highest-scoring causal keys of query t (ascending),
-  // or leaves it empty when every causal key is selected.
+  // DSA lightning indexer: fills sel[t] with the index_topk highest-scoring causal keys of query t
+  // (ascending), or leaves it empty when every causal key is selected.
   void indexer(const IndexerWeights& ix, LayerCache& c, const Vec& h, const Vec& q_resid, const Vec& cos,
                const Vec& sin, int64_t n_past, int64_t T, Selection& sel) const {
     const int64_t nih = spec.index_n_heads, dih = spec.index_head_dim, R = rope.dim(), half = R / 2;
@@ -165,8 +169,9 @@ struct Session::Impl {
       ops::layer_norm(kt, ix.k_norm_w.data(), ix.k_norm_b.data(), dih, kIndexerNormEps, kt);
       ops::rope_interleave(kt, R, cos.data() + t * half, sin.data() + t * half, scratch.data());
       for (int64_t hh = 0; hh < nih; ++hh) {
-        w[t * nih + hh] = ops::dot(ix.weights_proj.data() + hh * spec.hidden, h.data() + t * spec.hidden, spec.hidden) *
-                          head_scale;
+        w[t * nih + hh] =
+            ops::dot(ix.weights_proj.data() + hh * spec.hidden, h.data() + t * spec.hidden, spec.hidden) *
+            head_scale;
       }
     });
     c.index_k.insert(c.index_k.end(), k.begin(), k.end());
@@ -235,8 +240,10 @@ struct Session::Impl {
       const float* ct = cos.data() + t * half;
       const float* st = sin.data() + t * half;
       auto apply = [&](float* x) {
-        if (spec.rope.interleave) ops::rope_interleave(x, R, ct, st, scratch.data());
-        else ops::rope_half(x, R, ct, st);
+        if (spec.rope.interleave)
+          ops::rope_interleave(x, R, ct, st, scratch.data());
+        else
+          ops::rope_half(x, R, ct, st);
       };
       apply(kr);
       for (int64_t hh = 0; hh < nh; ++hh) {
@@ -294,7 +301,8 @@ struct Session::Impl {
     matmul(a.o, attn, T, out);
   }
 
-  // ---- feed-forward ----------------------------------------------------------------------------------------
+  // ---- feed-forward
+  // ----------------------------------------------------------------------------------------
 
   struct Route {
     std::vector<int32_t> expert;  // [T, k]
@@ -353,9 +361,9 @@ struct Session::Impl {
         }
         std::vector<int32_t> gorder(static_cast<size_t>(G));
         std::iota(gorder.begin(), gorder.end(), 0);
-        std::partial_sort(gorder.begin(), gorder.begin() + spec.topk_group, gorder.end(), [&](int32_t a, int32_t b) {
-          return gscore[a] != gscore[b] ? gscore[a] > gscore[b] : a < b;
-        });
+        std::partial_sort(
+            gorder.begin(), gorder.begin() + spec.topk_group, gorder.end(),
+            [&](int32_t a, int32_t b) { return gscore[a] != gscore[b] ? gscore[a] > gscore[b] : a < b; });
         std::vector<bool> gkeep(static_cast<size_t>(G), false);
         for (int64_t i = 0; i < spec.topk_group; ++i) gkeep[gorder[i]] = true;
         for (int64_t e = 0; e < E; ++e) allowed[e] = gkeep[e / per];
@@ -383,7 +391,8 @@ struct Session::Impl {
     const MoeWeights& m = L.experts;
     const int64_t K = spec.top_k, H = spec.hidden, E = spec.n_experts;
     const Route rt = route(m, h, T);
-    // Rows per expert in token order; slot_row[t*K + k] = the row of out_buf holding that (token, slot) result.
+    // Rows per expert in token order; slot_row[t*K + k] = the row of out_buf holding that (token, slot)
+    // result.
     std::vector<std::vector<int32_t>> rows(static_cast<size_t>(E));
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t k = 0; k < K; ++k) rows[rt.expert[t * K + k]].push_back(static_cast<int32_t>(t));
@@ -434,7 +443,8 @@ struct Session::Impl {
     }
   }
 
-  // ---- the whole pass --------------------------------------------------------------------------------------
+  // ---- the whole pass
+  // --------------------------------------------------------------------------------------
 
   // One sequence's share of a forward pass: its ids, where they start, and (DSA) its key selection, which a
   // "shared" indexer layer reuses from the layer before.
@@ -461,7 +471,8 @@ struct Session::Impl {
     for (const auto& sg : segs) {
       for (size_t t = 0; t < sg.ids.size(); ++t) {
         if (sg.ids[t] < 0 || sg.ids[t] >= spec.vocab) {
-          fail("session", "token id {} at input position {} is outside the vocabulary [0, {})", sg.ids[t], t, spec.vocab);
+          fail("session", "token id {} at input position {} is outside the vocabulary [0, {})", sg.ids[t], t,
+               spec.vocab);
         }
         to_f32_row(model.embedding(), sg.ids[t], x.data() + (sg.row0 + static_cast<int64_t>(t)) * H);
       }
@@ -533,7 +544,8 @@ void Session::reset() {
 
 size_t Session::kv_bytes() const {
   size_t n = 0;
-  for (const auto& c : impl_->caches) n += (c.k.size() + c.v.size() + c.latent.size() + c.rope.size() + c.index_k.size());
+  for (const auto& c : impl_->caches)
+    n += (c.k.size() + c.v.size() + c.latent.size() + c.rope.size() + c.index_k.size());
   return n * sizeof(float);
 }
 
@@ -553,9 +565,11 @@ std::vector<float> Session::forward(std::span<const int32_t> ids, bool all_logit
 }
 
 std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions,
-                                              std::span<const std::span<const int32_t>> ids, bool all_logits) {
+                                              std::span<const std::span<const int32_t>> ids,
+                                              bool all_logits) {
   if (sessions.empty()) return {};
-  if (sessions.size() != ids.size()) fail("session", "forward_batch: {} sessions but {} id lists", sessions.size(), ids.size());
+  if (sessions.size() != ids.size())
+    fail("session", "forward_batch: {} sessions but {} id lists", sessions.size(), ids.size());
   const Model* model = sessions[0]->model_.get();
   std::vector<Session::Impl::Segment> segs;
   for (size_t i = 0; i < sessions.size(); ++i) {
@@ -584,7 +598,8 @@ std::vector<int32_t> generate_greedy(Session& session, std::span<const int32_t> 
   std::vector<float> logits = session.forward(prompt, false);
   for (int64_t i = 0; i < max_new; ++i) {
     // First maximum wins, as torch.argmax.
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(next);
     if (i + 1 == max_new) break;
     logits = session.forward(std::span<const int32_t>(&out.back(), 1), false);

@@ -1,5 +1,5 @@
-// Serving engine: bounded queue, one scheduler thread, batched prefill of new sequences and batched decode of all
-// active ones through forward_batch; text streamed to each request as it becomes final.
+// Serving engine: bounded queue, one scheduler thread, batched prefill of new sequences and batched decode of
+// all active ones through forward_batch; text streamed to each request as it becomes final.
 #include "strata/engine.hpp"
 
 #include <algorithm>
@@ -57,7 +57,8 @@ struct Engine::Active {
   double ttft = 0;
 };
 
-Engine::Engine(std::shared_ptr<const Model> model, std::shared_ptr<const ModelAssets> assets, EngineOptions options)
+Engine::Engine(std::shared_ptr<const Model> model, std::shared_ptr<const ModelAssets> assets,
+               EngineOptions options)
     : model_(std::move(model)), assets_(std::move(assets)), opt_(options) {
   if (opt_.max_active < 1) opt_.max_active = 1;
   thread_ = std::thread([this] { loop(); });
@@ -118,8 +119,10 @@ void Engine::loop() {
     r.total_s = std::chrono::duration<double>(Clock::now() - a.start).count();
     {
       std::lock_guard lk(mu_);
-      if (reason == "cancelled") ++stats_.cancelled;
-      else ++stats_.completed;
+      if (reason == "cancelled")
+        ++stats_.cancelled;
+      else
+        ++stats_.completed;
       stats_.generated_tokens += static_cast<int64_t>(r.ids.size());
       stats_.prompt_tokens += r.prompt_tokens;
     }
@@ -156,7 +159,8 @@ void Engine::loop() {
         a->prompt = std::move(req.prompt);
         try {
           a->session = std::make_unique<Session>(model_, opt_.threads);
-          a->gen = std::make_unique<Generation>(assets_->tokenizer, req.sampling, assets_->eos_ids, req.stop, req.max_new);
+          a->gen = std::make_unique<Generation>(assets_->tokenizer, req.sampling, assets_->eos_ids, req.stop,
+                                                req.max_new);
         } catch (const std::exception& e) {
           // This request cannot start; it ends with the error and the engine goes on.
           GenerationResult r;

@@ -1,4 +1,5 @@
-// Model assets (tokenizer, chat template, generation_config.json) and incremental generation with stop strings.
+// Model assets (tokenizer, chat template, generation_config.json) and incremental generation with stop
+// strings.
 #include "strata/generation.hpp"
 
 #include <algorithm>
@@ -38,7 +39,8 @@ ModelAssets ModelAssets::load(const fs::path& dir, const ModelSpec& spec) {
   if (fs::exists(dir / "tokenizer_config.json")) {
     const json tc = read_json(dir / "tokenizer_config.json");
     if (tc.contains("chat_template") && !tc["chat_template"].is_null()) {
-      a.chat_template = std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+      a.chat_template =
+          std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
     }
   }
   if (!a.chat_template && fs::exists(dir / "chat_template.jinja")) {
@@ -48,10 +50,12 @@ ModelAssets ModelAssets::load(const fs::path& dir, const ModelSpec& spec) {
   if (fs::exists(dir / "generation_config.json")) {
     const json g = read_json(dir / "generation_config.json");
     if (g.contains("eos_token_id")) add_ids(g["eos_token_id"], a.eos_ids);
-    if (g.contains("temperature") && g["temperature"].is_number()) a.defaults.temperature = g["temperature"].get<float>();
+    if (g.contains("temperature") && g["temperature"].is_number())
+      a.defaults.temperature = g["temperature"].get<float>();
     if (g.contains("top_p") && g["top_p"].is_number()) a.defaults.top_p = g["top_p"].get<float>();
     if (g.contains("top_k") && g["top_k"].is_number_integer()) a.defaults.top_k = g["top_k"].get<int32_t>();
-    if (g.contains("do_sample") && g["do_sample"].is_boolean() && !g["do_sample"].get<bool>()) a.defaults.temperature = 0;
+    if (g.contains("do_sample") && g["do_sample"].is_boolean() && !g["do_sample"].get<bool>())
+      a.defaults.temperature = 0;
   }
   if (a.eos_ids.empty()) {
     for (int64_t id : spec.eos_ids) a.eos_ids.push_back(static_cast<int32_t>(id));
@@ -64,12 +68,13 @@ ModelAssets ModelAssets::load(const fs::path& dir, const ModelSpec& spec) {
 }
 
 const Tokenizer& ModelAssets::require_tokenizer() const {
-  if (!tokenizer) fail("model", "this model folder has no tokenizer.json (text in and out needs one; use --ids)");
+  if (!tokenizer)
+    fail("model", "this model folder has no tokenizer.json (text in and out needs one; use --ids)");
   return *tokenizer;
 }
 
-Generation::Generation(std::shared_ptr<const Tokenizer> tok, const SamplingParams& sampling, std::vector<int32_t> eos_ids,
-                       std::vector<std::string> stop_strings, int64_t max_new)
+Generation::Generation(std::shared_ptr<const Tokenizer> tok, const SamplingParams& sampling,
+                       std::vector<int32_t> eos_ids, std::vector<std::string> stop_strings, int64_t max_new)
     : tok_(std::move(tok)), sampler_(sampling), eos_(std::move(eos_ids)), max_new_(max_new) {
   for (auto& s : stop_strings) {
     if (!s.empty()) stops_.push_back(std::move(s));

@@ -11,7 +11,8 @@
 namespace strata {
 
 void check_sampling_params(const SamplingParams& p) {
-  if (!(p.temperature >= 0.0f) || p.temperature > 100.0f) fail("sampling", "temperature {} is outside [0, 100]", p.temperature);
+  if (!(p.temperature >= 0.0f) || p.temperature > 100.0f)
+    fail("sampling", "temperature {} is outside [0, 100]", p.temperature);
   if (p.top_k < 0) fail("sampling", "top_k {} must be >= 0 (0 = off)", p.top_k);
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("sampling", "top_p {} is outside (0, 1]", p.top_p);
   if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("sampling", "min_p {} is outside [0, 1]", p.min_p);
@@ -29,7 +30,9 @@ int32_t Sampler::sample(std::span<const float> logits) {
   const auto n = static_cast<int32_t>(logits.size());
   std::vector<int32_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  };
   int32_t keep = n;
   if (p_.top_k > 0 && p_.top_k < n) {
     keep = p_.top_k;

@@ -1,8 +1,8 @@
-// AVX-512 exact-mode dot kernel for F32/BF16/F16/Q4_ROW/Q4_G64 weights, bitwise identical to the portable kernel:
-// the canonical order (plugins/cpu_generic/kernels/dot.hpp) keeps even and odd columns in separate accumulators,
-// so 32 weights decode with no cross-lane shuffle against x in blocked layout (evens, then odds, per 32 columns,
-// prepared once per call by the drivers), and up to 4 weight rows × 2 x rows (or 2 × 4) accumulate at once to hide
-// the add latency.
+// AVX-512 exact-mode dot kernel for F32/BF16/F16/Q4_ROW/Q4_G64 weights, bitwise identical to the portable
+// kernel: the canonical order (plugins/cpu_generic/kernels/dot.hpp) keeps even and odd columns in separate
+// accumulators, so 32 weights decode with no cross-lane shuffle against x in blocked layout (evens, then
+// odds, per 32 columns, prepared once per call by the drivers), and up to 4 weight rows × 2 x rows (or 2 × 4)
+// accumulate at once to hide the add latency.
 #include "dot_block_avx512.hpp"
 
 #include <immintrin.h>
@@ -20,8 +20,8 @@ struct Decoded {
   __m512 even, odd;
 };
 
-// Weights of one row for the 32 columns starting at i (a multiple of 32). rem < 32 marks the last partial block:
-// nothing past column i + rem is read, and lanes beyond it hold values the caller masks out.
+// Weights of one row for the 32 columns starting at i (a multiple of 32). rem < 32 marks the last partial
+// block: nothing past column i + rem is read, and lanes beyond it hold values the caller masks out.
 template <Fmt F>
 inline Decoded decode(const void* row, __m512 table, int64_t i, int rem) {
   if constexpr (F == Fmt::F32) {
@@ -41,7 +41,8 @@ inline Decoded decode(const void* row, __m512 table, int64_t i, int rem) {
       return {_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)),
               _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xffff0000u))))};
     } else {
-      return {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)))};
+      return {_mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
+              _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)))};
     }
   } else {
     const auto* p = static_cast<const uint8_t*>(row) + i / 2;
@@ -54,15 +55,15 @@ inline Decoded decode(const void* row, __m512 table, int64_t i, int rem) {
       std::memcpy(tmp, p, static_cast<size_t>((rem + 1) / 2));
       b = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
     }
-    // Byte j holds column 2j (low nibble) and 2j+1 (high nibble); the permutes read only the low 4 bits of each
-    // index, so the table lookup of (nibble - 8) * scale needs no masking.
+    // Byte j holds column 2j (low nibble) and 2j+1 (high nibble); the permutes read only the low 4 bits of
+    // each index, so the table lookup of (nibble - 8) * scale needs no masking.
     const __m512i v = _mm512_cvtepu8_epi32(b);
     return {_mm512_permutexvar_ps(v, table), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table)};
   }
 }
 
-// (t - 8) · s for t = 0..15: the 16 values an int4 weight with scale s can take, each one f32 multiply, exactly
-// as the portable decode computes them.
+// (t - 8) · s for t = 0..15: the 16 values an int4 weight with scale s can take, each one f32 multiply,
+// exactly as the portable decode computes them.
 inline __m512 q4_table(float s) {
   const __m512 q = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   return _mm512_mul_ps(q, _mm512_set1_ps(s));
@@ -80,11 +81,13 @@ inline float fold(__m512 even, __m512 odd) {
 
 // Bytes of weights per 32 columns.
 template <Fmt F>
-constexpr int64_t kBlockBytes = F == Fmt::F32 ? 128 : (F == Fmt::BF16 || F == Fmt::F16) ? 64 : 16;
+constexpr int64_t kBlockBytes = F == Fmt::F32                       ? 128
+                                : (F == Fmt::BF16 || F == Fmt::F16) ? 64
+                                                                    : 16;
 
 template <Fmt F, int R, int S>
-void kernel(const void* const* rows, const float* const* scales, int64_t n, const float* xd, int64_t xd_stride, float* y,
-            int64_t y_stride, int64_t row_bytes) {
+void kernel(const void* const* rows, const float* const* scales, int64_t n, const float* xd,
+            int64_t xd_stride, float* y, int64_t y_stride, int64_t row_bytes) {
   __m512 ae[R][S], ao[R][S];
   for (int r = 0; r < R; ++r) {
     for (int s = 0; s < S; ++s) ae[r][s] = ao[r][s] = _mm512_setzero_ps();
@@ -96,13 +99,14 @@ void kernel(const void* const* rows, const float* const* scales, int64_t n, cons
   }
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    // Expert rows are short (1-3 KB of int4), so each row is a new stream for the hardware prefetcher; fetch the
-    // next R rows (the next step of this block, contiguous after these) one cache line per row ahead of use.
-    // Measured on the 2-core AVX-512 dev VM, one GLM-5.2 expert layer in Q4_G64, 1 row: 46 % -> 72 % of the read
-    // bandwidth (1 thread), cold 128-expert projection shape 42 % -> 78 %.
+    // Expert rows are short (1-3 KB of int4), so each row is a new stream for the hardware prefetcher; fetch
+    // the next R rows (the next step of this block, contiguous after these) one cache line per row ahead of
+    // use. Measured on the 2-core AVX-512 dev VM, one GLM-5.2 expert layer in Q4_G64, 1 row: 46 % -> 72 % of
+    // the read bandwidth (1 thread), cold 128-expert projection shape 42 % -> 78 %.
     if ((i * kBlockBytes<F> / 32) % 64 == 0) {
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(static_cast<const char*>(rows[r]) + R * row_bytes + i * kBlockBytes<F> / 32, _MM_HINT_T0);
+        _mm_prefetch(static_cast<const char*>(rows[r]) + R * row_bytes + i * kBlockBytes<F> / 32,
+                     _MM_HINT_T0);
       }
     }
     if constexpr (F == Fmt::Q4G64) {
@@ -146,16 +150,20 @@ template <Fmt F, int R>
 void kernel_s(int s_count, const void* const* rows, const float* const* scales, int64_t n, const float* xd,
               int64_t xd_stride, float* y, int64_t y_stride, int64_t row_bytes) {
   switch (s_count) {
-    case 4: return kernel<F, R, 4>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
-    case 3: return kernel<F, R, 3>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
-    case 2: return kernel<F, R, 2>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
-    default: return kernel<F, R, 1>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    case 4:
+      return kernel<F, R, 4>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    case 3:
+      return kernel<F, R, 3>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    case 2:
+      return kernel<F, R, 2>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
+    default:
+      return kernel<F, R, 1>(rows, scales, n, xd, xd_stride, y, y_stride, row_bytes);
   }
 }
 
 template <Fmt F>
-void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x, int64_t x_stride,
-                 float* y, int64_t y_stride) {
+void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x,
+                 int64_t x_stride, float* y, int64_t y_stride) {
   const int64_t n = w.cols;
   size_t row_bytes = 0;
   int64_t scales_per_row = 0;
@@ -187,10 +195,18 @@ void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x,
       const float* xs = xd + s0 * xd_stride;
       float* ys = y + s0 * y_stride + (o - o0);
       switch (rr) {
-        case 4: kernel_s<F, 4>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
-        case 3: kernel_s<F, 3>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
-        case 2: kernel_s<F, 2>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
-        default: kernel_s<F, 1>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb); break;
+        case 4:
+          kernel_s<F, 4>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb);
+          break;
+        case 3:
+          kernel_s<F, 3>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb);
+          break;
+        case 2:
+          kernel_s<F, 2>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb);
+          break;
+        default:
+          kernel_s<F, 1>(ss, rows, sc, n, xs, xd_stride, ys, y_stride, rb);
+          break;
       }
     }
   }
@@ -198,15 +214,21 @@ void dot_block_t(const strata_matrix& w, int64_t o0, int64_t o1, const float* x,
 
 }  // namespace
 
-void dot_block_avx512(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x, int64_t x_stride,
-                      float* y, int64_t y_stride) {
+void dot_block_avx512(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x,
+                      int64_t x_stride, float* y, int64_t y_stride) {
   switch (w.dtype) {
-    case STRATA_DTYPE_F32: return dot_block_t<Fmt::F32>(w, o0, o1, x, n_x, x_stride, y, y_stride);
-    case STRATA_DTYPE_BF16: return dot_block_t<Fmt::BF16>(w, o0, o1, x, n_x, x_stride, y, y_stride);
-    case STRATA_DTYPE_F16: return dot_block_t<Fmt::F16>(w, o0, o1, x, n_x, x_stride, y, y_stride);
-    case STRATA_DTYPE_Q4_ROW: return dot_block_t<Fmt::Q4Row>(w, o0, o1, x, n_x, x_stride, y, y_stride);
-    case STRATA_DTYPE_Q4_G64: return dot_block_t<Fmt::Q4G64>(w, o0, o1, x, n_x, x_stride, y, y_stride);
-    default: std::abort();  // the vtable checks formats before calling
+    case STRATA_DTYPE_F32:
+      return dot_block_t<Fmt::F32>(w, o0, o1, x, n_x, x_stride, y, y_stride);
+    case STRATA_DTYPE_BF16:
+      return dot_block_t<Fmt::BF16>(w, o0, o1, x, n_x, x_stride, y, y_stride);
+    case STRATA_DTYPE_F16:
+      return dot_block_t<Fmt::F16>(w, o0, o1, x, n_x, x_stride, y, y_stride);
+    case STRATA_DTYPE_Q4_ROW:
+      return dot_block_t<Fmt::Q4Row>(w, o0, o1, x, n_x, x_stride, y, y_stride);
+    case STRATA_DTYPE_Q4_G64:
+      return dot_block_t<Fmt::Q4G64>(w, o0, o1, x, n_x, x_stride, y, y_stride);
+    default:
+      std::abort();  // the vtable checks formats before calling
   }
 }
 

@@ -1,22 +1,25 @@
 // Canonical f32 dot products and weight-row decoding shared by the exact-mode CPU kernels.
 #pragma once
 
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "strata/plugin_abi.h"
 
 namespace strata_cpu {
 
-// The canonical reduction order of every exact-mode CPU kernel (DESIGN §6). Any backend that claims exact mode
-// must reproduce it bit for bit:
-//   - columns go in blocks of 32; column offset c within a block feeds accumulator E[c / 2] when c is even and
+// The canonical reduction order of every exact-mode CPU kernel (DESIGN §6). Any backend that claims exact
+// mode must reproduce it bit for bit:
+//   - columns go in blocks of 32; column offset c within a block feeds accumulator E[c / 2] when c is even
+//   and
 //     O[c / 2] when c is odd (32 accumulators, 16 "even" lanes and 16 "odd" lanes);
-//   - each accumulator takes its products in increasing column order as fused multiply-adds, acc = fma(w, x, acc)
+//   - each accumulator takes its products in increasing column order as fused multiply-adds, acc = fma(w, x,
+//   acc)
 //     (one rounding each; std::fma in portable code, vfmadd in SIMD code); a last partial block continues the
 //     same rule;
-//   - then t[l] = E[l] + O[l] for l < 16, and t is folded pairwise: t[l] += t[l + 8] for l < 8, then + 4, + 2,
+//   - then t[l] = E[l] + O[l] for l < 16, and t is folded pairwise: t[l] += t[l + 8] for l < 8, then + 4, +
+//   2,
 //     + 1; t[0] is the result.
 // Why this shape: int4 weights store columns 2j and 2j+1 in the low and high nibble of byte j, and BF16 pairs
 // share a 32-bit word, so with even and odd columns in separate accumulators an AVX-512 kernel decodes 32
@@ -34,11 +37,15 @@ inline float fold_lanes(float* acc) {
   return acc[0];
 }
 
-// Activations go to the kernels in "blocked" layout: per block of 32 columns, the 16 even columns then the 16 odd
-// ones, zero-padded to a whole block, so the even and odd accumulators each read contiguous x. Drivers convert
-// once per call (x, h); the cost is O(rows × cols) against O(outputs × cols) for the weights.
-inline int64_t blocked_cols(int64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
-inline int64_t blocked_index(int64_t i) { return (i & ~int64_t{kBlock - 1}) + (i & 1) * kLanes + ((i & (kBlock - 1)) >> 1); }
+// Activations go to the kernels in "blocked" layout: per block of 32 columns, the 16 even columns then the 16
+// odd ones, zero-padded to a whole block, so the even and odd accumulators each read contiguous x. Drivers
+// convert once per call (x, h); the cost is O(rows × cols) against O(outputs × cols) for the weights.
+inline int64_t blocked_cols(int64_t n) {
+  return (n + kBlock - 1) / kBlock * kBlock;
+}
+inline int64_t blocked_index(int64_t i) {
+  return (i & ~int64_t{kBlock - 1}) + (i & 1) * kLanes + ((i & (kBlock - 1)) >> 1);
+}
 
 inline void to_blocked(const float* x, int64_t n, float* out) {
   const int64_t padded = blocked_cols(n);
@@ -97,9 +104,9 @@ inline float f16_to_f32(uint16_t h) {
   return f;
 }
 
-// Row o of a matrix as f32. Returns a pointer into the weights when the format is already F32, otherwise decodes
-// into scratch (which must hold cols floats) and returns scratch. int4 weights decode as (nibble − 8) · scale,
-// one f32 multiply: the exact-mode int4 kernels are the float kernels applied to these values.
+// Row o of a matrix as f32. Returns a pointer into the weights when the format is already F32, otherwise
+// decodes into scratch (which must hold cols floats) and returns scratch. int4 weights decode as (nibble − 8)
+// · scale, one f32 multiply: the exact-mode int4 kernels are the float kernels applied to these values.
 inline const float* row_f32(const strata_matrix& w, int64_t o, float* scratch) {
   const int64_t n = w.cols;
   switch (w.dtype) {
@@ -136,11 +143,13 @@ inline bool is_float_format(int32_t dtype) {
   return dtype == STRATA_DTYPE_F32 || dtype == STRATA_DTYPE_BF16 || dtype == STRATA_DTYPE_F16;
 }
 
-inline bool is_q4_format(int32_t dtype) { return dtype == STRATA_DTYPE_Q4_ROW || dtype == STRATA_DTYPE_Q4_G64; }
+inline bool is_q4_format(int32_t dtype) {
+  return dtype == STRATA_DTYPE_Q4_ROW || dtype == STRATA_DTYPE_Q4_G64;
+}
 
-// y[s * y_stride + j] = W[o0 + j] · x_s for j in [0, o1 - o0), s in [0, n_x): one canonical dot per output. Each
-// x_s is in blocked layout at xb + s * xb_stride (xb_stride >= blocked_cols(W.cols)). Implemented once portable
-// and once with AVX-512; both must agree bit for bit.
+// y[s * y_stride + j] = W[o0 + j] · x_s for j in [0, o1 - o0), s in [0, n_x): one canonical dot per output.
+// Each x_s is in blocked layout at xb + s * xb_stride (xb_stride >= blocked_cols(W.cols)). Implemented once
+// portable and once with AVX-512; both must agree bit for bit.
 using DotBlockFn = void (*)(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x,
                             int64_t x_stride, float* y, int64_t y_stride);
 

@@ -1,10 +1,10 @@
 // A CPU stand-in for the CUDA runtime and device (STRATA_CUDA_EMULATE builds): the plugin's host code and
 // kernels, compiled with g++, run here unchanged, so tests on machines without a GPU check the planning,
-// staging, async bookkeeping, error paths and the kernels' indexing and arithmetic. Not a model of timing or of
-// the memory system: every stream operation runs at once, in order.
+// staging, async bookkeeping, error paths and the kernels' indexing and arithmetic. Not a model of timing or
+// of the memory system: every stream operation runs at once, in order.
 //
-// Kernels: a warp is 32 fibers on one OS thread (a small x86-64 context switch below); each runs until its next
-// warp-collective instruction, and when all 32 wait at the same one it is carried out from every lane's
+// Kernels: a warp is 32 fibers on one OS thread (a small x86-64 context switch below); each runs until its
+// next warp-collective instruction, and when all 32 wait at the same one it is carried out from every lane's
 // operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). Device memory is host memory; a fake capacity
 // (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable; STRATA_CUDA_EMU_DEVICES devices (2).
 #include <cuda_runtime_api.h>
@@ -24,8 +24,8 @@
 #error "the CUDA emulation's fibers are written for x86-64"
 #endif
 
-// switch(save, load): saves the callee-saved registers and the FP control words on this stack, stores the stack
-// pointer in *save, continues on `load` (a stack saved the same way, or a fresh fiber frame).
+// switch(save, load): saves the callee-saved registers and the FP control words on this stack, stores the
+// stack pointer in *save, continues on `load` (a stack saved the same way, or a fresh fiber frame).
 asm(R"(
   .text
   .globl strata_emu_switch
@@ -108,8 +108,12 @@ void yield_to_scheduler() {
   strata_emu_switch(&f.sp, tls_warp->sched_sp);
 }
 
-float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
+float bf16_lo(uint32_t v) {
+  return __uint_as_float(v << 16);
+}
+float bf16_hi(uint32_t v) {
+  return __uint_as_float(v & 0xffff0000u);
+}
 
 void do_mma(Warp& w) {
   double A[16][16], B[16][8], C[16][8];
@@ -163,14 +167,15 @@ void run_warp(Warp& w) {
     f.done = false;
     f.warp = &w;
     // A fresh frame for strata_emu_switch to "return" into the trampoline, with r12 = the fiber.
-    const uintptr_t top = (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(l)].get()) + kStack) & ~uintptr_t{15};
+    const uintptr_t top =
+        (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(l)].get()) + kStack) & ~uintptr_t{15};
     uint64_t* sp = reinterpret_cast<uint64_t*>(top - 88);
     std::memset(sp, 0, 88);
     const uint32_t mxcsr = 0x1f80;
     const uint16_t fpcw = 0x037f;
     std::memcpy(reinterpret_cast<char*>(sp), &mxcsr, 4);
     std::memcpy(reinterpret_cast<char*>(sp) + 8, &fpcw, 2);
-    sp[5] = reinterpret_cast<uint64_t>(&f);                     // r12
+    sp[5] = reinterpret_cast<uint64_t>(&f);                      // r12
     sp[8] = reinterpret_cast<uint64_t>(&strata_emu_trampoline);  // return address
     f.sp = sp;
   }
@@ -213,7 +218,9 @@ void die(const char* what) {
   std::abort();
 }
 
-Coords& coords() { return tls_coords; }
+Coords& coords() {
+  return tls_coords;
+}
 
 void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body) {
   const unsigned threads = block.x * block.y * block.z;
@@ -258,8 +265,8 @@ float shfl_xor(float v, int lane_mask) {
   return tls_warp->shfl_out[tls_lane];
 }
 
-void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                    float c0, float c1, float c2, float c3) {
+void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                    uint32_t b1, float c0, float c1, float c2, float c3) {
   if (tls_warp == nullptr) die("mma outside a warp");
   Warp& w = *tls_warp;
   const int l = tls_lane;
@@ -299,7 +306,8 @@ extern "C" void strata_emu_fiber_entry(void* p) {
   strata_cuda::emu::die("a finished fiber was resumed");
 }
 
-// ---- the runtime API subset the plugin uses ------------------------------------------------------------------
+// ---- the runtime API subset the plugin uses
+// ------------------------------------------------------------------
 
 namespace {
 
@@ -349,29 +357,44 @@ cudaError_t cudaGetLastError(void) {
 }
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    default: return "unknown error";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    default:
+      return "unknown error";
   }
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
-  if (attr == cudaDevAttrComputeCapabilityMajor) *value = 9;
-  else if (attr == cudaDevAttrComputeCapabilityMinor) *value = 0;
-  else *value = 0;
+  if (attr == cudaDevAttrComputeCapabilityMajor)
+    *value = 9;
+  else if (attr == cudaDevAttrComputeCapabilityMinor)
+    *value = 0;
+  else
+    *value = 0;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
@@ -386,7 +409,8 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
   if (bytes > r.capacity - r.device_bytes) return fail(cudaErrorMemoryAllocation);
   void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (m == nullptr) return fail(cudaErrorMemoryAllocation);
-  std::memset(m, 0xFF, bytes);  // fresh device memory is not zero: NaN in every float format, so reads of it show
+  std::memset(m, 0xFF,
+              bytes);  // fresh device memory is not zero: NaN in every float format, so reads of it show
   r.device_allocs[m] = bytes;
   r.device_bytes += bytes;
   *p = m;
@@ -428,18 +452,26 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<int*>(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(new int(0));
   return cudaSuccess;
 }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  return cudaEventCreate(e);
+}
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<int*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) {
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0;
   return cudaSuccess;
@@ -448,8 +480,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (bytes > 0) std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                              size_t height, cudaMemcpyKind, cudaStream_t) {
   if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
   for (size_t r = 0; r < height; ++r) {
     std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);

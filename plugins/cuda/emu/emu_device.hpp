@@ -28,8 +28,8 @@ void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void(
 void syncwarp();
 float shfl_xor(float v, int lane_mask);
 // D = A * B + C by the PTX ISA's m16n8k16 fragment layouts (products exact, sum in double, rounded once).
-void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                    float c0, float c1, float c2, float c3);
+void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                    uint32_t b1, float c0, float c1, float c2, float c3);
 // fma.rn.bf16x2(v, 1.0, -136.0) for v = two bf16 values in [128, 144): exact, (v - 136) each.
 uint32_t bf16x2_sub136(uint32_t v);
 [[noreturn]] void die(const char* what);
@@ -55,8 +55,12 @@ template <class T>
 inline T __ldg(const T* p) {
   return ::strata_cuda::emu::load(p);
 }
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return ::strata_cuda::emu::shfl_xor(v, lane_mask); }
-inline void __syncwarp() { ::strata_cuda::emu::syncwarp(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  return ::strata_cuda::emu::shfl_xor(v, lane_mask);
+}
+inline void __syncwarp() {
+  ::strata_cuda::emu::syncwarp();
+}
 inline float __uint_as_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);

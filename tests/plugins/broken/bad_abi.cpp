@@ -10,5 +10,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   v.version = "0";
   return &v;
 }
-STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) { return 1000; }
+STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
+  return 1000;
+}
 }

@@ -2,5 +2,7 @@
 #include "strata/plugin_abi.h"
 
 extern "C" {
-STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) { return nullptr; }
+STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
+  return nullptr;
+}
 }

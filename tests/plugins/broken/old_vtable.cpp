@@ -1,19 +1,23 @@
-// A plugin built against the header before the device slots (and strata_matrix.resident): its vtable ends where
-// upload_matrix begins (the bytes after it are garbage here). Its strata_matrix layout differs, so the registry
-// must refuse it.
+// A plugin built against the header before the device slots (and strata_matrix.resident): its vtable ends
+// where upload_matrix begins (the bytes after it are garbage here). Its strata_matrix layout differs, so the
+// registry must refuse it.
 #include <cstddef>
 #include <cstring>
 
 #include "strata/plugin_abi.h"
 
 namespace {
-const char* last_error() { return ""; }
+const char* last_error() {
+  return "";
+}
 strata_status create(const strata_backend_options*, strata_backend** out) {
   *out = reinterpret_cast<strata_backend*>(&out);  // any non-NULL handle; never dereferenced
   return STRATA_OK;
 }
 void destroy(strata_backend*) {}
-int32_t supports(strata_backend*, int32_t) { return 0; }
+int32_t supports(strata_backend*, int32_t) {
+  return 0;
+}
 
 union Storage {
   strata_plugin_vtable v;
@@ -40,5 +44,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   }();
   return &s.v;
 }
-STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) { return 1; }
+STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
+  return 1;
+}
 }

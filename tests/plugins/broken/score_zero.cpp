@@ -2,8 +2,12 @@
 #include "strata/plugin_abi.h"
 
 namespace {
-const char* last_error() { return "needs the imaginary XYZ-9000 accelerator"; }
-strata_status create(const strata_backend_options*, strata_backend**) { return STRATA_ERR_UNSUPPORTED; }
+const char* last_error() {
+  return "needs the imaginary XYZ-9000 accelerator";
+}
+strata_status create(const strata_backend_options*, strata_backend**) {
+  return STRATA_ERR_UNSUPPORTED;
+}
 void destroy(strata_backend*) {}
 }  // namespace
 
@@ -19,5 +23,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   v.destroy = &destroy;
   return &v;
 }
-STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) { return 0; }
+STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
+  return 0;
+}
 }
