@@ -5,69 +5,13 @@
 
 #include "strata/error.hpp"
 #include "strata/quant.hpp"
+#include "test_matrices.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
 using namespace strata::test;
 
 namespace {
-
-struct HostMatrix {
-  WeightFormat format;
-  int64_t rows, cols;
-  std::vector<std::byte> bytes;
-  std::vector<float> scales;  // int4 formats
-  Matrix view() const {
-    return Matrix{format, rows, cols, bytes.data(), scales.empty() ? nullptr : scales.data()};
-  }
-};
-
-bool is_q4(WeightFormat f) {
-  return f == WeightFormat::Q4_ROW || f == WeightFormat::Q4_G64;
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t rows, int64_t cols) {
-  std::normal_distribution<float> d(0.0f, 0.5f);
-  HostMatrix m{fmt, rows, cols, {}, {}};
-  const size_t n = static_cast<size_t>(rows * cols);
-  if (is_q4(fmt)) {
-    std::vector<float> f(n);
-    for (auto& v : f) v = d(rng);
-    const QuantizedMatrix q = quantize_q4(f, rows, cols, fmt);
-    m.bytes.resize(q.packed.size());
-    std::memcpy(m.bytes.data(), q.packed.data(), q.packed.size());
-    m.scales = q.scales;
-  } else if (fmt == WeightFormat::F32) {
-    m.bytes.resize(n * 4);
-    for (size_t i = 0; i < n; ++i) {
-      const float v = d(rng);
-      std::memcpy(m.bytes.data() + 4 * i, &v, 4);
-    }
-  } else {
-    m.bytes.resize(n * 2);
-    for (size_t i = 0; i < n; ++i) {
-      const float v = d(rng);
-      const uint16_t h = fmt == WeightFormat::BF16
-                             ? to_bf16(v)
-                             : static_cast<uint16_t>(std::bit_cast<uint16_t>(static_cast<_Float16>(v)));
-      std::memcpy(m.bytes.data() + 2 * i, &h, 2);
-    }
-  }
-  return m;
-}
-
-std::vector<float> random_vec(std::mt19937& rng, size_t n) {
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Plain double-precision reference, to check the reference itself is right (not only that plugins agree).
 double ref_dot(const HostMatrix& m, int64_t o, const float* x) {
