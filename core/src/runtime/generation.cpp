@@ -36,14 +36,15 @@ ModelAssets ModelAssets::load(const fs::path& dir, const ModelSpec& spec) {
   ModelAssets a;
   a.context_length = spec.max_positions;
   if (fs::exists(dir / "tokenizer.json")) a.tokenizer = Tokenizer::from_file(dir / "tokenizer.json");
+  // The template comes from tokenizer_config.json (which also names bos/eos and falls back to a
+  // chat_template.jinja beside it); a folder with only chat_template.jinja still gets its template.
+  const bool has_jinja = fs::exists(dir / "chat_template.jinja");
   if (fs::exists(dir / "tokenizer_config.json")) {
     const json tc = read_json(dir / "tokenizer_config.json");
-    if (tc.contains("chat_template") && !tc["chat_template"].is_null()) {
-      a.chat_template =
-          std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+    if ((tc.contains("chat_template") && !tc["chat_template"].is_null()) || has_jinja) {
+      a.chat_template = std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
     }
-  }
-  if (!a.chat_template && fs::exists(dir / "chat_template.jinja")) {
+  } else if (has_jinja) {
     std::ifstream in(dir / "chat_template.jinja");
     a.chat_template = std::make_shared<ChatTemplate>(std::string(std::istreambuf_iterator<char>(in), {}));
   }
