@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -27,12 +28,38 @@ RuntimeConfig config_of(const CommonOptions& o) {
   return cfg;
 }
 
-Loaded load(const ModelOptions& o, bool with_assets) {
+// The bundled model (models/strata-nano in the source tree, share/strata/models/strata-nano when installed):
+// run, chat and serve use it when no --model is given. STRATA_MODEL overrides the search.
+std::string default_model_dir() {
+  if (const char* env = std::getenv("STRATA_MODEL"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> tried;
+  if (!ec) {
+    const fs::path bin = exe.parent_path();
+    for (const fs::path& c : {bin / "../share/strata/models" / kBundledModel,  // installed: PREFIX/bin/strata
+                              bin / "../../models" / kBundledModel,            // build tree: build/bin/strata
+                              bin / "../models" / kBundledModel}) {
+      tried.push_back(c.lexically_normal());
+      if (fs::exists(c / "config.json", ec)) return c.lexically_normal().string();
+    }
+  }
+  std::string where;
+  for (const auto& t : tried) where += "\n  " + t.string();
+  throw Error("model", fmt::format("no --model given and the bundled model {} was not found; looked in:{}\n"
+                          "pass --model DIR or set STRATA_MODEL",
+                          kBundledModel, where.empty() ? std::string(" (cannot locate the executable)") : where));
+}
+
+Loaded load(const ModelOptions& given, bool with_assets) {
+  ModelOptions o = given;
+  if (o.model.empty()) o.model = default_model_dir();
   Loaded l;
   l.config = config_of(o.common);
   l.registry = std::make_unique<PluginRegistry>(plugin_search_path(l.config.plugins.path));
   LoadOptions lo;
   lo.expert_quant = parse_quant_name(o.quant);
+  lo.store = StoreOptions::from(l.config);
   // A bar redrawn in place on a terminal. Without a terminal (logs, pipes), plain lines at every 10 % — but
   // only once the load has taken 2 s, so quick loads (small models, tests) print nothing.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
@@ -61,8 +88,24 @@ Loaded load(const ModelOptions& o, bool with_assets) {
     fmt::print(stderr, "\rloaded {} ({}, {:.2f} B parameters) in {:.2f} s{:20}\n", o.model,
                family_name(l.model->spec().family), static_cast<double>(pc.dense + pc.routed) / 1e9, sec, "");
   }
+  if (const ExpertStore* st = l.model->expert_store()) {
+    const StorePlan& p = st->plan();
+    if (tty || !p.mapped || !p.gpu.empty() || !p.warnings.empty()) fmt::print(stderr, "{}\n", st->plan_text());
+  }
   if (with_assets) l.assets = std::make_shared<ModelAssets>(ModelAssets::load(o.model, l.model->spec()));
   return l;
+}
+
+nlohmann::json telemetry_json(const StoreTelemetry& t) {
+  return {{"hits", {{"vram", t.vram_hits}, {"ram", t.ram_hits}, {"cache", t.cache_hits}, {"disk", t.disk_reads}}},
+          {"disk_bytes", t.disk_bytes},
+          {"gpu_fallbacks", t.gpu_fallbacks},
+          {"seconds",
+           {{"moe_layers", t.layer_s},
+            {"gpu_issue", t.gpu_issue_s},
+            {"cpu_rows", t.cpu_rows_s},
+            {"disk_wait", t.disk_wait_s},
+            {"gpu_take", t.take_s}}}};
 }
 
 std::vector<int32_t> parse_ids(const std::string& text) {

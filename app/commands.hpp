@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "strata/generation.hpp"
 #include "strata/model.hpp"
 #include "strata/registry.hpp"
@@ -21,7 +23,7 @@ struct CommonOptions {
 
 struct ModelOptions {
   CommonOptions common;
-  std::string model;
+  std::string model;  // "" = the bundled model (run, chat, serve)
   std::string ids;             // "3,17,42"
   std::string quant = "none";  // routed experts quantized at load: q4_g64 | q4_row | none
 };
@@ -34,6 +36,12 @@ struct Loaded {
   std::shared_ptr<ModelAssets> assets;
 };
 RuntimeConfig config_of(const CommonOptions& o);
+inline constexpr const char* kBundledModel = "strata-nano";
+std::string default_model_dir();  // STRATA_MODEL, else the bundled model beside the executable; throws if absent
+// Per-turn expert-tier counters as JSON (hits per tier, bytes read, time per phase).
+nlohmann::json telemetry_json(const StoreTelemetry& t);
+// Loads o.model, or the bundled model when o.model is empty. The experts get tiers (StoreOptions from the
+// config); the plan is printed on stderr on a terminal, or whenever it streams, uses a GPU or warns.
 Loaded load(const ModelOptions& o, bool with_assets = false);
 
 // Sampling and stopping options shared by run, chat and serve's defaults.

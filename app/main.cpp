@@ -19,10 +19,14 @@ int main(int argc, char** argv) {
   };
 
   ModelOptions mo;
-  auto add_model = [&](CLI::App* sc, bool need_ids) {
+  // need_model: logits, generate and inspect take token ids or report on a checkpoint, so they need one named;
+  // run, chat and serve fall back to the bundled model.
+  auto add_model = [&](CLI::App* sc, bool need_ids, bool need_model = true) {
     add_common(sc);
-    sc->add_option("--model", mo.model, "Hugging Face model directory (config.json + *.safetensors)")
-        ->required();
+    auto* m = sc->add_option("--model", mo.model,
+                             need_model ? "Hugging Face model directory (config.json + *.safetensors)"
+                                        : "Hugging Face model directory (default: the bundled strata-nano)");
+    if (need_model) m->required();
     if (need_ids) sc->add_option("--ids", mo.ids, "comma-separated token ids, e.g. 3,17,42")->required();
     sc->add_option("--quant", mo.quant, "quantize float routed experts at load: q4_g64, q4_row or none")
         ->check(CLI::IsMember({"q4_g64", "q4_row", "none"}));
@@ -82,20 +86,20 @@ int main(int argc, char** argv) {
   std::string prompt;
   auto* run =
       app.add_subcommand("run", "complete one prompt, streaming the text to stdout (statistics to stderr)");
-  add_model(run, false);
+  add_model(run, false, false);
   add_gen(run);
   run->add_option("--prompt", prompt, "the text to continue")->required();
 
   std::string system;
   auto* chat = app.add_subcommand("chat", "talk to a model interactively with its chat template");
-  add_model(chat, false);
+  add_model(chat, false, false);
   add_gen(chat);
   chat->add_option("--system", system, "system message");
 
   ServeOptions so;
   auto* serve =
       app.add_subcommand("serve", "serve an OpenAI-compatible HTTP API (/v1/chat/completions, ...)");
-  add_model(serve, false);
+  add_model(serve, false, false);
   add_gen(serve);
   serve->add_option("--host", so.host, "address to listen on (default 127.0.0.1)");
   serve->add_option("--port", so.port, "port (default 8080)")->check(CLI::Range(0, 65535));

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "commands.hpp"
 #include "strata/error.hpp"
@@ -34,6 +35,7 @@ void install_sigint() {
 
 struct TurnStats {
   int64_t prompt_tokens = 0, new_tokens = 0;
+  std::optional<StoreTelemetry> tiers;  // this turn's expert-tier counters (when the model has a store)
   double ttft_s = 0, total_s = 0;
   std::string finish;
   std::string text;  // the completion
@@ -54,12 +56,19 @@ void print_stats(const TurnStats& s, const std::string& mode, const Model& m) {
                         {"finish_reason", s.finish},
                         {"dense_backend", std::string(m.backends().dense->name())},
                         {"expert_backend", std::string(m.backends().experts.front()->name())}};
+    if (s.tiers) j["experts"] = telemetry_json(*s.tiers);
     fmt::print(stderr, "{}\n", j.dump());
     return;
   }
-  fmt::print(stderr, "[{} prompt tok, {} new tok, TTFT {:.3f} s, {:.1f} tok/s decode, {}; {} / {}]\n",
+  std::string tiers;
+  if (s.tiers && (s.tiers->vram_hits + s.tiers->cache_hits + s.tiers->disk_reads) > 0) {
+    const auto& t = *s.tiers;
+    tiers = fmt::format("; experts vram {} ram {} cache {} disk {} ({:.1f} MiB read)", t.vram_hits, t.ram_hits,
+                        t.cache_hits, t.disk_reads, static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0));
+  }
+  fmt::print(stderr, "[{} prompt tok, {} new tok, TTFT {:.3f} s, {:.1f} tok/s decode, {}; {} / {}{}]\n",
              s.prompt_tokens, s.new_tokens, s.ttft_s, s.decode_tok_s(), s.finish, m.backends().dense->name(),
-             m.backends().experts.front()->name());
+             m.backends().experts.front()->name(), tiers);
 }
 
 // Feeds `ids` after what the session already holds (or from scratch when the session's history is not a
@@ -82,6 +91,8 @@ TurnStats generate_turn(Session& session, std::vector<int32_t>& history, const s
   const int64_t max_new =
       ctx > 0 ? std::min<int64_t>(g.max_new, ctx - static_cast<int64_t>(ids.size())) : g.max_new;
   Generation gen(l.assets->tokenizer, g.sampling(*l.assets), l.assets->eos_ids, g.stop, max_new);
+  ExpertStore* store = l.model->expert_store();
+  const StoreTelemetry before = store ? store->telemetry() : StoreTelemetry{};
   const auto t0 = Clock::now();
   g_interrupted = false;  // a Ctrl-C from here on (prefill included) stops this answer
   std::vector<float> logits =
@@ -107,6 +118,10 @@ TurnStats generate_turn(Session& session, std::vector<int32_t>& history, const s
   st.new_tokens = static_cast<int64_t>(gen.ids().size());
   st.finish = gen.finish_reason();
   st.text = gen.text();
+  if (store) {
+    st.tiers = store->telemetry() - before;
+    store->end_turn();
+  }
   return st;
 }
 
@@ -143,7 +158,7 @@ int cmd_chat(const ModelOptions& o, const GenOptions& g, const std::string& syst
   Loaded l = load(o, true);
   const Tokenizer& tok = l.assets->require_tokenizer();
   if (!l.assets->chat_template)
-    fail("chat", "{}: the model has no chat template (tokenizer_config.json chat_template)", o.model);
+    fail("chat", "{}: the model has no chat template (tokenizer_config.json chat_template)", l.model->dir().string());
   install_sigint();
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   Session session(l.model, l.config.scheduler.threads);

@@ -131,6 +131,7 @@ class Server {
     if (so_.api_key.empty()) {
       if (const char* k = std::getenv("STRATA_API_KEY")) so_.api_key = k;
     }
+    if (mo_.model.empty()) mo_.model = default_model_dir();
     if (so_.model_name.empty())
       so_.model_name = std::filesystem::path(mo_.model).lexically_normal().filename().string();
     if (so_.model_name.empty()) so_.model_name = "strata";

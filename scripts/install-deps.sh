@@ -5,7 +5,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libtbb-dev libboost-dev libboost-filesystem-dev libfmt-dev libyaml-cpp-dev
   doctest-dev nlohmann-json3-dev libcli11-dev libspdlog-dev
-  libpcre2-dev libutf8proc-dev libcpp-httplib-dev libssl-dev zlib1g-dev python3-venv
+  libpcre2-dev libutf8proc-dev libcpp-httplib-dev libssl-dev zlib1g-dev python3-venv liburing-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -90,7 +90,7 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
   RuntimeConfig cfg;
   cfg.source = origin;
   if (root.IsNull()) return cfg;
-  check_keys(c, root, "", {"plugins", "backends", "memory", "scheduler"});
+  check_keys(c, root, "", {"plugins", "backends", "memory", "disk", "scheduler"});
   const fs::path base = origin.has_parent_path() ? origin.parent_path() : fs::path(".");
   if (auto p = root["plugins"]) {
     check_keys(c, p, "plugins", {"path"});
@@ -118,6 +118,30 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
       if (cfg.memory.reserve_gb < 0) fail(kComp, "{}: 'memory.reserve_gb' must be >= 0", c.where(v));
     }
     if (auto v = m["pin"]) cfg.memory.pin = as_string(c, v, "memory.pin");
+  }
+  if (auto d = root["disk"]) {
+    check_keys(c, d, "disk", {"direct_io", "queue_depth", "engine"});
+    if (auto v = d["direct_io"]) {
+      const std::string t = v.IsScalar() ? v.Scalar() : "";
+      if (t == "auto") {
+        cfg.disk.direct_io = "auto";
+      } else {
+        cfg.disk.direct_io = as_bool(c, v, "disk.direct_io") ? "true" : "false";
+      }
+    }
+    if (auto v = d["queue_depth"]) {
+      const double q = as_number(c, v, "disk.queue_depth");
+      if (q < 1 || q > 4096 || q != static_cast<int>(q)) {
+        fail(kComp, "{}: 'disk.queue_depth' must be an integer from 1 to 4096", c.where(v));
+      }
+      cfg.disk.queue_depth = static_cast<int>(q);
+    }
+    if (auto v = d["engine"]) {
+      cfg.disk.engine = as_string(c, v, "disk.engine");
+      if (cfg.disk.engine != "auto" && cfg.disk.engine != "io_uring" && cfg.disk.engine != "pread") {
+        fail(kComp, "{}: 'disk.engine' must be auto, io_uring or pread (got '{}')", c.where(v), cfg.disk.engine);
+      }
+    }
   }
   if (auto s = root["scheduler"]) {
     check_keys(c, s, "scheduler", {"threads", "overlap"});

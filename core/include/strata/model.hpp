@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "strata/backend.hpp"
+#include "strata/expert_store.hpp"
 #include "strata/model_spec.hpp"
 #include "strata/quant.hpp"
 #include "strata/registry.hpp"
@@ -74,6 +75,9 @@ struct LoadOptions {
   std::optional<WeightFormat> expert_quant;
   // Called after each layer is bound (layers done, layers total), on the loading thread; may be empty.
   std::function<void(int64_t, int64_t)> progress;
+  // Expert tiers (VRAM / RAM / cache / disk) planned from these budgets; nullopt = every routed expert is used
+  // from the mapped checkpoint by the first chosen expert backend (no store, no routing statistics).
+  std::optional<StoreOptions> store;
 };
 
 class Model {
@@ -98,8 +102,12 @@ class Model {
     int64_t per_expert = 0;
     size_t routed_bytes = 0;
     size_t per_expert_bytes = 0;
+    size_t dense_bytes = 0;  // the dense weights as bound (Matrix::bytes; f32 vectors 4 bytes a value)
   };
   ParamCounts param_counts() const;
+  // The expert tiers, when LoadOptions::store asked for them (else nullptr). Its state (cache, statistics)
+  // changes as forward passes run; it serializes them layer by layer.
+  ExpertStore* expert_store() const { return store_.get(); }
 
  private:
   Model() = default;
@@ -113,6 +121,7 @@ class Model {
   Matrix embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
+  std::unique_ptr<ExpertStore> store_;  // after backends_ and st_: destroyed before them
   friend class ModelLoader;
 };
 

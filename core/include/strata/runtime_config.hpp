@@ -22,6 +22,11 @@ struct RuntimeConfig {
     double reserve_gb = 1.0;
     std::string pin = "auto";  // auto | none | path to a file
   } memory;
+  struct Disk {                      // reads of experts that are not in RAM (the expert tiers)
+    std::string direct_io = "auto";  // auto | true | false (O_DIRECT)
+    int queue_depth = 32;            // reads in flight at most
+    std::string engine = "auto";     // auto (io_uring when the kernel allows it) | io_uring | pread
+  } disk;
   struct Scheduler {
     int threads = 0;  // 0 = all hardware threads
     bool overlap = true;

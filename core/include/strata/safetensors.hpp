@@ -41,6 +41,15 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
   // Pointer to the tensor's bytes inside the mapping (valid for the life of this object).
   const std::byte* data(const TensorInfo& t) const { return data_ + t.offset; }
+  // Whether [p, p + n) lies inside this file's mapping, and the file offset of p (when it does).
+  bool contains(const void* p, size_t n) const {
+    const auto* b = static_cast<const std::byte*>(map_);
+    const auto* q = static_cast<const std::byte*>(p);
+    return q >= b && q + n <= b + map_size_;
+  }
+  uint64_t file_offset(const void* p) const {
+    return static_cast<uint64_t>(static_cast<const std::byte*>(p) - static_cast<const std::byte*>(map_));
+  }
 
  private:
   std::filesystem::path path_;
@@ -66,6 +75,7 @@ class SafetensorsSet {
   std::optional<TensorRef> find(const std::string& name) const;
   size_t size() const { return index_.size(); }
   const std::map<std::string, TensorRef>& all() const { return index_; }
+  const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
   const std::filesystem::path& dir() const { return dir_; }
 
  private:

@@ -327,42 +327,52 @@ std::shared_ptr<Model> Model::load(const fs::path& dir, Backends backends, const
   m->options_ = options;
   m->st_ = std::make_unique<SafetensorsSet>(dir);
   ModelLoader(*m).load();
+  if (options.store) m->store_ = std::make_unique<ExpertStore>(*m, *m->st_, *options.store);
   return m;
 }
 
 Model::ParamCounts Model::param_counts() const {
   ParamCounts c;
-  auto n = [](const Matrix& m) { return m.rows * m.cols; };
-  auto mlp = [&](const ExpertMatrices& e) { return n(e.gate) + n(e.up) + n(e.down); };
-  c.dense += n(embed_) + static_cast<int64_t>(final_norm_.size());
+  // Dense parameters and their bytes: a matrix counts rows × cols and Matrix::bytes(), an f32 vector its size
+  // and 4 bytes a value.
+  auto n = [&](const Matrix& m) {
+    c.dense_bytes += m.bytes();
+    return m.rows * m.cols;
+  };
+  auto v = [&](size_t values) {
+    c.dense_bytes += 4 * values;
+    return static_cast<int64_t>(values);
+  };
+  auto mlp_n = [](const ExpertMatrices& e) {
+    return e.gate.rows * e.gate.cols + e.up.rows * e.up.cols + e.down.rows * e.down.cols;
+  };
+  auto dense_mlp = [&](const ExpertMatrices& e) { return n(e.gate) + n(e.up) + n(e.down); };
+  c.dense += n(embed_) + v(final_norm_.size());
   if (lm_head_.data != embed_.data) c.dense += n(lm_head_);
   for (const auto& L : layers_) {
-    c.dense += static_cast<int64_t>(L.input_norm.size() + L.post_norm.size());
+    c.dense += v(L.input_norm.size() + L.post_norm.size());
     if (spec_.attention == AttentionKind::GQA) {
       const auto& a = L.gqa;
       c.dense += n(a.q) + n(a.k) + n(a.v) + n(a.o) +
-                 static_cast<int64_t>(a.q_bias.size() + a.k_bias.size() + a.v_bias.size() + a.q_norm.size() +
-                                      a.k_norm.size());
+                 v(a.q_bias.size() + a.k_bias.size() + a.v_bias.size() + a.q_norm.size() + a.k_norm.size());
     } else {
       const auto& a = L.mla;
-      c.dense += n(a.q) + n(a.q_a) + n(a.q_b) + n(a.kv_a) + n(a.o) +
-                 static_cast<int64_t>(a.q_a_norm.size() + a.kv_a_norm.size());
+      c.dense += n(a.q) + n(a.q_a) + n(a.q_b) + n(a.kv_a) + n(a.o) + v(a.q_a_norm.size() + a.kv_a_norm.size());
       for (size_t h = 0; h < a.k_absorb.size(); ++h) c.dense += n(a.k_absorb[h]) + n(a.v_up[h]);
       if (a.has_indexer) {
         const auto& ix = a.indexer;
-        c.dense += n(ix.wq_b) + n(ix.wk) +
-                   static_cast<int64_t>(ix.k_norm_w.size() + ix.k_norm_b.size() + ix.weights_proj.size());
+        c.dense += n(ix.wq_b) + n(ix.wk) + v(ix.k_norm_w.size() + ix.k_norm_b.size() + ix.weights_proj.size());
       }
     }
     if (!L.moe) {
-      c.dense += mlp(L.dense_mlp);
+      c.dense += dense_mlp(L.dense_mlp);
       continue;
     }
-    c.dense += static_cast<int64_t>(L.experts.router.size() + L.experts.router_bias.size());
-    if (L.experts.has_shared) c.dense += mlp(L.experts.shared);
+    c.dense += v(L.experts.router.size() + L.experts.router_bias.size());
+    if (L.experts.has_shared) c.dense += dense_mlp(L.experts.shared);
     for (const auto& e : L.experts.experts) {
-      c.routed += mlp(e);
-      c.per_expert = mlp(e);
+      c.routed += mlp_n(e);
+      c.per_expert = mlp_n(e);
       c.per_expert_bytes = e.gate.bytes() + e.up.bytes() + e.down.bytes();
       c.routed_bytes += c.per_expert_bytes;
     }

@@ -387,7 +387,7 @@ struct Session::Impl {
     return rt;
   }
 
-  void moe(const LayerWeights& L, const Vec& h, int64_t T, Vec& out) const {
+  void moe(int64_t layer, const LayerWeights& L, const Vec& h, int64_t T, Vec& out) const {
     const MoeWeights& m = L.experts;
     const int64_t K = spec.top_k, H = spec.hidden, E = spec.n_experts;
     const Route rt = route(m, h, T);
@@ -400,14 +400,29 @@ struct Session::Impl {
     std::vector<int64_t> base(static_cast<size_t>(E + 1), 0);
     for (int64_t e = 0; e < E; ++e) base[e + 1] = base[e] + static_cast<int64_t>(rows[e].size());
     Vec buf(static_cast<size_t>(base[E] * H));
-    std::vector<ExpertTask> tasks;
-    for (int64_t e = 0; e < E; ++e) {
-      if (rows[e].empty()) continue;
-      tasks.push_back(ExpertTask{&m.experts[e], rows[e], buf.data() + base[e] * H});
+    Vec shared;
+    auto run_shared = [&] {
+      if (m.has_shared) mlp_all_rows(dense(), m.shared, h, T, shared);
+    };
+    if (ExpertStore* store = model.expert_store()) {
+      // The tiers: GPU groups, CPU rows and disk reads at the same time, the shared expert alongside.
+      std::vector<ExpertStore::Work> work;
+      for (int64_t e = 0; e < E; ++e) {
+        if (rows[e].empty()) continue;
+        work.push_back({static_cast<int32_t>(e), rows[e], buf.data() + base[e] * H});
+      }
+      store->run_layer(layer, h.data(), T, work, run_shared);
+    } else {
+      std::vector<ExpertTask> tasks;
+      for (int64_t e = 0; e < E; ++e) {
+        if (rows[e].empty()) continue;
+        tasks.push_back(ExpertTask{&m.experts[e], rows[e], buf.data() + base[e] * H});
+      }
+      // All routed experts of a layer share one format; the first chosen backend that runs it takes the group.
+      const Backend& b = model.backends().expert_backend_for(m.experts[0].gate.format);
+      b.expert_group(h.data(), T, H, tasks);
+      run_shared();
     }
-    // All routed experts of a layer share one format; the first chosen backend that runs it takes the group.
-    const Backend& b = model.backends().expert_backend_for(m.experts[0].gate.format);
-    b.expert_group(h.data(), T, H, tasks);
     // Combine in routing-slot order (DESIGN §6): deterministic whatever finished first.
     std::vector<int64_t> cursor(base.begin(), base.end() - 1);
     std::vector<int64_t> slot_row(static_cast<size_t>(T * K));
@@ -424,8 +439,6 @@ struct Session::Impl {
       }
     });
     if (m.has_shared) {
-      Vec shared;
-      mlp_all_rows(dense(), m.shared, h, T, shared);
       for (size_t i = 0; i < out.size(); ++i) out[i] += shared[i];
     }
   }
@@ -501,7 +514,7 @@ struct Session::Impl {
       for (size_t i = 0; i < x.size(); ++i) x[i] += y[i];
       norm_rows(x, L.post_norm, h, T);
       if (L.moe) {
-        moe(L, h, T, y);
+        moe(l, L, h, T, y);
       } else {
         mlp_all_rows(dense(), L.dense_mlp, h, T, y);
       }

@@ -127,6 +127,14 @@ void Engine::loop() {
       stats_.prompt_tokens += r.prompt_tokens;
     }
     a.state->finish(std::move(r));
+    // A request is a turn for the expert tiers: re-placement and saved routing statistics, between passes.
+    if (ExpertStore* store = model_->expert_store()) {
+      try {
+        store->end_turn();
+      } catch (const std::exception&) {
+        // end_turn reports its own problems (warning once); serving goes on.
+      }
+    }
   };
   // Applies one forward pass's logits to each sequence; returns false when it finished.
   auto advance = [&](Active& a, const std::vector<float>& logits) {

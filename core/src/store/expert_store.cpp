@@ -1,0 +1,862 @@
+// ExpertStore: the tier plan (VRAM / RAM / LRU cache / disk), pinned copies and VRAM uploads, the per-layer
+// flow graph (GPU groups issued asynchronously, CPU rows, disk reads feeding CPU rows as they land), routing
+// statistics and re-placement between turns.
+#include "strata/expert_store.hpp"
+
+#include <fmt/format.h>
+#include <tbb/flow_graph.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <unordered_map>
+
+#include "strata/error.hpp"
+#include "strata/model.hpp"
+#include "strata/runtime_config.hpp"
+#include "strata/safetensors.hpp"
+
+namespace strata {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr std::string_view kComp = "store";
+constexpr uint64_t kPage = 4096;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+// Sizes in the unit that reads best.
+std::string human(double b) {
+  if (b >= kGiB) return fmt::format("{:.2f} GiB", b / kGiB);
+  if (b >= 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
+  return fmt::format("{:.1f} KiB", b / 1024.0);
+}
+std::string gib(uint64_t b) { return human(static_cast<double>(b)); }
+std::string mib(double b) { return human(b); }
+
+struct AlignedFree {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<std::byte, AlignedFree>;
+Buffer alloc_pages(uint64_t bytes) {
+  void* p = std::aligned_alloc(kPage, round_up(std::max<uint64_t>(bytes, 1), kPage));
+  if (p == nullptr) fail(kComp, "out of memory allocating {} for expert weights", mib(bytes));
+  return Buffer(static_cast<std::byte*>(p));
+}
+
+}  // namespace
+
+std::string_view tier_name(Tier t) {
+  switch (t) {
+    case Tier::kVram:
+      return "vram";
+    case Tier::kRam:
+      return "ram";
+    case Tier::kCache:
+      return "cache";
+    case Tier::kDisk:
+      return "disk";
+  }
+  return "?";
+}
+
+StoreTelemetry StoreTelemetry::operator-(const StoreTelemetry& o) const {
+  StoreTelemetry d = *this;
+  d.layers -= o.layers;
+  d.vram_hits -= o.vram_hits;
+  d.ram_hits -= o.ram_hits;
+  d.cache_hits -= o.cache_hits;
+  d.disk_reads -= o.disk_reads;
+  d.disk_bytes -= o.disk_bytes;
+  d.gpu_fallbacks -= o.gpu_fallbacks;
+  d.gpu_issue_s -= o.gpu_issue_s;
+  d.cpu_rows_s -= o.cpu_rows_s;
+  d.disk_wait_s -= o.disk_wait_s;
+  d.take_s -= o.take_s;
+  d.layer_s -= o.layer_s;
+  return d;
+}
+
+StoreOptions StoreOptions::from(const RuntimeConfig& c) {
+  StoreOptions o;
+  o.ram_gb = c.memory.ram_gb;
+  o.vram_gb = c.memory.vram_gb;
+  o.reserve_gb = c.memory.reserve_gb;
+  o.pin = c.memory.pin;
+  o.overlap = c.scheduler.overlap;
+  o.reader.queue_depth = c.disk.queue_depth;
+  o.reader.direct = c.disk.direct_io == "true" ? DirectIo::kOn
+                    : c.disk.direct_io == "false" ? DirectIo::kOff
+                                                  : DirectIo::kAuto;
+  o.reader.engine = c.disk.engine == "io_uring" ? IoEngine::kIoUring
+                    : c.disk.engine == "pread"  ? IoEngine::kPread
+                                                : IoEngine::kAuto;
+  return o;
+}
+
+// ---- per-expert bookkeeping ---------------------------------------------------------------------------
+
+// A contiguous byte range of the checkpoint holding one or more of an expert's pieces (data or scales of
+// gate, up, down). It is read page-aligned into a buffer at `dst` so every piece keeps the alignment it has
+// in the mapping.
+struct Run {
+  int file = 0;
+  uint64_t offset = 0, length = 0;  // the pieces' bytes in the file
+  uint64_t read_offset = 0, read_length = 0;  // page-aligned superset actually read (clamped to the file)
+  uint64_t dst = 0;                           // where read_offset lands in the buffer
+};
+
+struct ExpertStore::Entry {
+  ExpertMatrices host;                // as bound at load (mapping or memory made at load)
+  ExpertMatrices vram;                // host with resident copies attached (kVram)
+  std::vector<ResidentMatrix> resident;
+  Buffer pinned;                      // kRam by copy
+  ExpertMatrices pinned_view;
+  std::vector<Run> runs;              // empty: not streamable (memory made at load)
+  uint64_t buffer_bytes = 0;          // a buffer holding every run
+  Tier tier = Tier::kRam;
+  int32_t slot = -1;                  // kCache: its slot
+};
+
+struct ExpertStore::Slot {
+  Buffer mem;
+  int64_t key = -1;  // layer * experts + expert, -1 = free
+  ExpertMatrices view;
+  uint64_t last_use = 0;
+  int pins = 0;      // in use by the layer being run
+};
+
+struct ExpertStore::Impl {
+  const Model& model;
+  const SafetensorsSet& tensors;
+  StoreOptions options;
+  int64_t layers = 0, experts = 0, hidden = 0;
+  std::vector<Entry> entries;  // [layer * experts + expert]; layers without experts stay empty
+  std::vector<Slot> slots;
+  std::unique_ptr<FileReader> reader;
+  std::vector<const SafetensorsFile*> files;
+  const Backend* cpu = nullptr;
+  const Backend* gpu = nullptr;
+  uint64_t clock = 0, turn = 1;
+  std::mutex mu;
+  StoreTelemetry tel;
+  bool save_warned = false;
+  bool gpu_warned = false;
+
+  Impl(const Model& m, const SafetensorsSet& t, const StoreOptions& o) : model(m), tensors(t), options(o) {}
+
+  Entry& entry(int64_t l, int64_t e) { return entries[static_cast<size_t>(l * experts + e)]; }
+
+  // Which file holds [p, p + n), and where; -1 when p is not in a mapping (memory made at load).
+  int locate(const void* p, size_t n, uint64_t* off) const {
+    for (size_t i = 0; i < files.size(); ++i) {
+      if (files[i]->contains(p, n)) {
+        *off = files[i]->file_offset(p);
+        return static_cast<int>(i);
+      }
+    }
+    return -1;
+  }
+
+  // The runs of an expert: its six pieces sorted by file offset and merged when at most a page apart (a
+  // converted container stores them back to back: one run). Empty when any piece is not in a mapping.
+  void plan_runs(Entry& en) {
+    struct Piece {
+      int file;
+      uint64_t off, len;
+    };
+    std::vector<Piece> pieces;
+    for (const Matrix* m : {&en.host.gate, &en.host.up, &en.host.down}) {
+      const size_t data_bytes = m->bytes() - (m->scales ? scale_bytes(*m) : 0);
+      for (auto [p, n] : {std::pair<const void*, size_t>{m->data, data_bytes},
+                          std::pair<const void*, size_t>{m->scales, m->scales ? scale_bytes(*m) : 0}}) {
+        if (p == nullptr || n == 0) continue;
+        uint64_t off = 0;
+        const int f = locate(p, n, &off);
+        if (f < 0) return;  // not streamable
+        pieces.push_back({f, off, n});
+      }
+    }
+    std::sort(pieces.begin(), pieces.end(),
+              [](const Piece& a, const Piece& b) { return std::tie(a.file, a.off) < std::tie(b.file, b.off); });
+    std::vector<Run> runs;
+    for (const auto& pc : pieces) {
+      if (!runs.empty() && runs.back().file == pc.file &&
+          pc.off <= runs.back().offset + runs.back().length + kPage) {
+        Run& r = runs.back();
+        r.length = std::max(r.offset + r.length, pc.off + pc.len) - r.offset;
+      } else {
+        runs.push_back(Run{pc.file, pc.off, pc.len, 0, 0, 0});
+      }
+    }
+    uint64_t cursor = 0;
+    for (Run& r : runs) {
+      r.read_offset = r.offset / kPage * kPage;
+      const uint64_t end = std::min(round_up(r.offset + r.length, kPage), reader_file_size(r.file));
+      r.read_length = end - r.read_offset;
+      r.dst = cursor;
+      cursor += round_up(r.read_length, kPage);
+    }
+    en.runs = std::move(runs);
+    en.buffer_bytes = cursor;
+  }
+
+  uint64_t reader_file_size(int f) const { return reader->file_size(f); }
+
+  static size_t scale_bytes(const Matrix& m) {
+    if (m.scales == nullptr) return 0;
+    return static_cast<size_t>(m.rows * q4_scales_per_row(m.format, m.cols)) * sizeof(float);
+  }
+
+  // The expert's matrices rebased into a buffer laid out by its runs.
+  ExpertMatrices view_in(const Entry& en, const std::byte* buf) const {
+    auto rebase = [&](const void* p, size_t n) -> const void* {
+      if (p == nullptr) return nullptr;
+      uint64_t off = 0;
+      const int f = locate(p, n, &off);
+      for (const Run& r : en.runs) {
+        if (r.file == f && off >= r.offset && off + n <= r.offset + r.length) {
+          return buf + r.dst + (off - r.read_offset);
+        }
+      }
+      fail(kComp, "internal: a piece of an expert is outside its runs");
+    };
+    ExpertMatrices v = en.host;
+    for (Matrix* m : {&v.gate, &v.up, &v.down}) {
+      const size_t sb = scale_bytes(*m);
+      m->data = rebase(m->data, m->bytes() - sb);
+      m->scales = static_cast<const float*>(rebase(m->scales, sb));
+      m->resident = nullptr;
+    }
+    return v;
+  }
+
+  // Uploads an expert to the GPU backend. A streamable expert is read through the reader into a temporary
+  // buffer first, so the mapping's pages are never touched (they would count as resident memory).
+  void upload(Entry& en) {
+    Buffer tmp;
+    const ExpertMatrices* src = &en.host;
+    ExpertMatrices staged;
+    if (!en.runs.empty()) {
+      tmp = alloc_pages(en.buffer_bytes);
+      read_now(en, tmp.get());
+      staged = view_in(en, tmp.get());
+      src = &staged;
+    }
+    en.resident.clear();
+    en.vram = en.host;
+    const Matrix* from[3] = {&src->gate, &src->up, &src->down};
+    Matrix* to[3] = {&en.vram.gate, &en.vram.up, &en.vram.down};
+    try {
+      for (int i = 0; i < 3; ++i) {
+        en.resident.push_back(gpu->upload(*from[i]));
+        // Compute from the device copy; a CPU recompute uses en.host.
+        Matrix m = en.resident.back().matrix();
+        m.data = to[i]->data;
+        m.scales = to[i]->scales;
+        *to[i] = m;
+      }
+    } catch (...) {
+      en.resident.clear();
+      throw;
+    }
+  }
+
+  // Reads every run of an expert into buf (blocking; for load-time pinning and re-placement).
+  void read_now(const Entry& en, std::byte* buf) {
+    for (const Run& r : en.runs) reader->submit(r.file, r.read_offset, r.read_length, buf + r.dst);
+    reader->wait_all();
+    tel.disk_bytes += en.buffer_bytes;
+  }
+};
+
+// ---- planning -----------------------------------------------------------------------------------------
+
+ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, const StoreOptions& options)
+    : impl_(std::make_unique<Impl>(model, tensors, options)) {
+  Impl& s = *impl_;
+  const ModelSpec& spec = model.spec();
+  s.layers = spec.n_layers;
+  s.experts = spec.n_experts;
+  s.hidden = spec.hidden;
+  for (const auto& f : tensors.files()) s.files.push_back(f.get());
+  std::vector<fs::path> paths;
+  for (const auto* f : s.files) paths.push_back(f->path());
+  s.reader = std::make_unique<FileReader>(paths, options.reader);
+
+  // Backends: routed rows on the CPU go to the first chosen expert backend without device memory (else the
+  // dense backend); a chosen expert backend with device memory and async groups is the GPU tier.
+  const Backends& b = model.backends();
+  s.cpu = b.dense.get();
+  for (const auto& e : b.experts) {
+    if (!e->has_device_memory()) {
+      s.cpu = e.get();
+      break;
+    }
+  }
+  for (const auto& e : b.experts) {
+    if (e->has_device_memory() && e->has_async()) {
+      s.gpu = e.get();
+      break;
+    }
+  }
+
+  // Entries and their runs.
+  s.entries.resize(static_cast<size_t>(s.layers * s.experts));
+  std::vector<std::pair<int64_t, int64_t>> all;  // (layer, expert) of MoE layers
+  uint64_t routed_bytes = 0;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const LayerWeights& L = model.layers()[static_cast<size_t>(l)];
+    if (!L.moe) continue;
+    for (int64_t e = 0; e < s.experts; ++e) {
+      Entry& en = s.entry(l, e);
+      en.host = L.experts.experts[static_cast<size_t>(e)];
+      s.plan_runs(en);
+      const uint64_t eb = en.host.gate.bytes() + en.host.up.bytes() + en.host.down.bytes();
+      plan_.expert_bytes = std::max(plan_.expert_bytes, eb);
+      plan_.slot_bytes = std::max(plan_.slot_bytes, en.buffer_bytes);
+      routed_bytes += eb;
+      all.emplace_back(l, e);
+    }
+  }
+  plan_.experts = static_cast<int64_t>(all.size());
+  const auto pc = model.param_counts();
+  plan_.dense_bytes = pc.dense_bytes;
+  plan_.mem_available = mem_available();
+
+  // Routing statistics.
+  const std::string fp = model_fingerprint(model.dir(), tensors);
+  stats_ = RoutingStats(std::max<int64_t>(s.layers, 1), std::max<int64_t>(s.experts, 1), fp);
+  bool have_stats = false;
+  if (options.pin != "none") {
+    const fs::path path = options.pin == "auto" ? model.dir() / "strata-routing.stats" : fs::path(options.pin);
+    plan_.stats_path = path.string();
+    if (fs::exists(path)) {
+      stats_ = load_routing_stats(path, fp, stats_.layers, stats_.experts);
+      have_stats = true;
+      s.turn = stats_.turns + 1;
+    }
+  }
+  // Ranked order: the statistics, else a spread (expert 0 of every layer, then expert 1, ...).
+  std::vector<std::pair<int64_t, int64_t>> order;
+  if (have_stats) {
+    for (auto [l, e] : stats_.ranked()) {
+      if (model.layers()[static_cast<size_t>(l)].moe) order.emplace_back(l, e);
+    }
+  } else {
+    order = all;
+    std::stable_sort(order.begin(), order.end(), [](auto a, auto b) { return a.second < b.second; });
+  }
+
+  // RAM budget.
+  const uint64_t avail = plan_.mem_available;
+  const auto reserve = static_cast<uint64_t>(options.reserve_gb * kGiB);
+  if (avail > 0 && plan_.dense_bytes > avail) {
+    fail(kComp,
+         "the model's dense part (attention, embeddings, shared experts) needs {} but only {} of memory is "
+         "available; it must stay in RAM — free memory or use a smaller model",
+         gib(plan_.dense_bytes), gib(avail));
+  }
+  const uint64_t room = avail > plan_.dense_bytes ? avail - plan_.dense_bytes : 0;
+  if (options.ram_gb) {
+    plan_.ram_budget = static_cast<uint64_t>(*options.ram_gb * kGiB);
+    if (avail > 0 && plan_.ram_budget > room) {
+      plan_.warnings.push_back(fmt::format(
+          "memory.ram_gb {} is more than this machine has for experts ({} available − {} dense); clamped to {}",
+          *options.ram_gb, gib(avail), gib(plan_.dense_bytes), gib(room)));
+      plan_.ram_budget = room;
+    }
+  } else {
+    plan_.ram_budget = avail == 0 ? routed_bytes : (room > reserve ? room - reserve : 0);
+  }
+
+  // VRAM tier: hottest first, while the budget lasts.
+  if (s.gpu != nullptr && !all.empty()) {
+    const MemoryInfo mi = s.gpu->memory_info();
+    uint64_t budget = mi.free > reserve ? mi.free - reserve : 0;
+    if (options.vram_gb) {
+      const auto want = static_cast<uint64_t>(*options.vram_gb * kGiB);
+      if (want > budget) {
+        plan_.warnings.push_back(fmt::format("memory.vram_gb {} is more than {} can hold ({} free − {} reserve); "
+                                             "clamped to {}",
+                                             *options.vram_gb, s.gpu->name(), gib(mi.free), gib(reserve),
+                                             gib(budget)));
+      } else {
+        budget = want;
+      }
+    }
+    plan_.vram_budget = budget;
+    plan_.gpu = std::string(s.gpu->name());
+    uint64_t used = 0;
+    for (auto [l, e] : order) {
+      Entry& en = s.entry(l, e);
+      const uint64_t eb = en.host.gate.bytes() + en.host.up.bytes() + en.host.down.bytes();
+      if (used + eb > budget) break;
+      if (!s.gpu->supports_expert_group(en.host.gate.format)) break;
+      try {
+        s.upload(en);
+      } catch (const Error& err) {
+        plan_.warnings.push_back(fmt::format("VRAM upload stopped after {} experts: {}", plan_.vram, err.what()));
+        break;
+      }
+      en.tier = Tier::kVram;
+      used += eb;
+      ++plan_.vram;
+    }
+  }
+
+  // RAM tiers for the rest: all mapped when they fit; else pinned copies (hottest, half the budget when
+  // there are statistics) and an LRU cache of slots, the rest streamed from disk.
+  uint64_t rest_bytes = 0;
+  bool all_streamable = true;
+  for (auto [l, e] : all) {
+    Entry& en = s.entry(l, e);
+    if (en.tier == Tier::kVram) continue;
+    rest_bytes += en.host.gate.bytes() + en.host.up.bytes() + en.host.down.bytes();
+    if (en.runs.empty()) all_streamable = false;
+  }
+  if (rest_bytes <= plan_.ram_budget || !all_streamable) {
+    if (rest_bytes > plan_.ram_budget) {
+      plan_.warnings.push_back(
+          "the routed experts were transformed at load (e.g. --quant), so they live in RAM and cannot be streamed "
+          "from disk; convert the checkpoint (strata convert) to stream them");
+    }
+    plan_.mapped = true;
+    for (auto [l, e] : all) {
+      Entry& en = s.entry(l, e);
+      if (en.tier != Tier::kVram) {
+        en.tier = Tier::kRam;
+        ++plan_.ram;
+      }
+    }
+  } else {
+    const uint64_t slot = std::max<uint64_t>(plan_.slot_bytes, kPage);
+    for (auto [l, e] : all) {
+      Entry& en = s.entry(l, e);
+      if (en.tier != Tier::kVram) en.tier = Tier::kDisk;
+    }
+    uint64_t pin_budget = have_stats ? plan_.ram_budget / 2 : 0;
+    for (auto [l, e] : order) {
+      Entry& en = s.entry(l, e);
+      if (en.tier == Tier::kVram) continue;
+      if (en.buffer_bytes > pin_budget) break;
+      en.pinned = alloc_pages(en.buffer_bytes);
+      s.read_now(en, en.pinned.get());
+      en.pinned_view = s.view_in(en, en.pinned.get());
+      en.tier = Tier::kRam;
+      pin_budget -= en.buffer_bytes;
+      ++plan_.ram;
+    }
+    uint64_t pinned_bytes = 0;
+    for (auto [l, e] : all) pinned_bytes += s.entry(l, e).pinned ? s.entry(l, e).buffer_bytes : 0;
+    const uint64_t cache_bytes = plan_.ram_budget > pinned_bytes ? plan_.ram_budget - pinned_bytes : 0;
+    // At least a few slots so reads and CPU rows overlap even in pure streaming (budget < one expert).
+    const int64_t n_slots = std::max<int64_t>(static_cast<int64_t>(cache_bytes / slot), 4);
+    s.slots.resize(static_cast<size_t>(n_slots));
+    for (auto& sl : s.slots) sl.mem = alloc_pages(slot);
+    plan_.cache_slots = n_slots;
+    for (auto [l, e] : all) plan_.streamed += s.entry(l, e).tier == Tier::kDisk ? 1 : 0;
+  }
+}
+
+ExpertStore::~ExpertStore() = default;
+
+Tier ExpertStore::tier_of(int64_t layer, int64_t expert) const {
+  return impl_->entries[static_cast<size_t>(layer * impl_->experts + expert)].tier;
+}
+
+StoreTelemetry ExpertStore::telemetry() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->tel;
+}
+
+std::string ExpertStore::plan_text() const {
+  const StorePlan& p = plan_;
+  std::string t;
+  const uint64_t eb = p.expert_bytes;
+  t += fmt::format("expert plan: {} routed experts of {} each ({} in all); dense part {}\n", p.experts, mib(eb),
+                   gib(eb * static_cast<uint64_t>(p.experts)), gib(p.dense_bytes));
+  if (!p.gpu.empty()) {
+    t += fmt::format("  vram ({}): {} experts, {} (budget {})\n", p.gpu, p.vram, gib(eb * p.vram),
+                     gib(p.vram_budget));
+  }
+  if (p.mapped) {
+    t += fmt::format("  ram: {} experts used from the mapped checkpoint, {} (budget {})\n", p.ram,
+                     gib(eb * p.ram), gib(p.ram_budget));
+  } else {
+    t += fmt::format("  ram: {} pinned experts; cache: {} slots of {} ({}); disk: {} experts streamed "
+                     "(reads: {}, queue depth {})\n",
+                     p.ram, p.cache_slots, mib(p.slot_bytes), gib(p.slot_bytes * p.cache_slots), p.streamed,
+                     impl_->reader->engine_name(), impl_->options.reader.queue_depth);
+  }
+  // The expected bottleneck, with routing spread evenly over the experts: bytes per token from each tier.
+  const double n = static_cast<double>(std::max<int64_t>(p.experts, 1));
+  const double k = static_cast<double>(impl_->model.spec().top_k);
+  const double moe_layers = n / static_cast<double>(std::max<int64_t>(impl_->experts, 1));
+  const double per_tok = k * moe_layers * static_cast<double>(eb);
+  const double cached = p.mapped ? 0.0 : static_cast<double>(p.cache_slots);
+  const double disk_share = p.mapped ? 0.0 : std::max(0.0, static_cast<double>(p.streamed) - cached) / n;
+  const double vram_share = static_cast<double>(p.vram) / n;
+  std::string neck = "RAM bandwidth (CPU expert rows)";
+  if (disk_share > 0.0) {
+    neck = fmt::format("disk: about {} per token from disk at even routing", mib(per_tok * disk_share));
+  } else if (vram_share >= 0.999) {
+    neck = "GPU (every expert in VRAM)";
+  }
+  t += fmt::format("  per token: {} of expert weights ({:.0f}% from VRAM); expected bottleneck: {}",
+                   mib(per_tok), 100.0 * vram_share, neck);
+  if (!p.stats_path.empty()) t += fmt::format("\n  routing statistics: {}", p.stats_path);
+  for (const auto& w : p.warnings) t += "\n  warning: " + w;
+  return t;
+}
+
+// ---- the per-layer run --------------------------------------------------------------------------------
+
+void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<const Work> work,
+                            const std::function<void()>& alongside) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto t_layer = std::chrono::steady_clock::now();
+  const int64_t H = s.hidden;
+  ++s.tel.layers;
+  ++s.clock;
+
+  struct Job {
+    std::vector<ExpertTask> tasks;
+    std::vector<int32_t> slots;  // slots to unpin when done
+  };
+  std::vector<ExpertTask> gpu_tasks, ram_tasks;
+  std::vector<const ExpertMatrices*> gpu_host;  // the host views of gpu_tasks' experts (CPU recompute)
+  std::vector<int32_t> hit_slots;
+  std::vector<const Work*> misses;
+  for (const Work& w : work) {
+    if (w.rows.empty()) continue;
+    Entry& en = s.entry(layer, w.expert);
+    stats_.record(layer, w.expert, w.rows.size(), s.turn);
+    switch (en.tier) {
+      case Tier::kVram:
+        gpu_tasks.push_back({&en.vram, w.rows, w.out});
+        gpu_host.push_back(&en.host);
+        ++s.tel.vram_hits;
+        break;
+      case Tier::kRam:
+        ram_tasks.push_back({en.pinned ? &en.pinned_view : &en.host, w.rows, w.out});
+        ++s.tel.ram_hits;
+        break;
+      case Tier::kCache: {
+        Slot& sl = s.slots[static_cast<size_t>(en.slot)];
+        ++sl.pins;
+        sl.last_use = s.clock;
+        hit_slots.push_back(en.slot);
+        ram_tasks.push_back({&sl.view, w.rows, w.out});
+        ++s.tel.cache_hits;
+        break;
+      }
+      case Tier::kDisk:
+        misses.push_back(&w);
+        break;
+    }
+  }
+
+  // CPU rows: a flow-graph node that runs any number of groups at once; each job unpins its slots when done.
+  std::exception_ptr cpu_error;
+  std::mutex err_mu, pin_mu;
+  double cpu_s = 0;
+  tbb::flow::graph g;
+  tbb::flow::function_node<Job> cpu_rows(g, tbb::flow::unlimited, [&](const Job& job) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      s.cpu->expert_group(x, T, H, job.tasks);
+    } catch (...) {
+      std::lock_guard<std::mutex> l(err_mu);
+      if (!cpu_error) cpu_error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> l(pin_mu);
+    cpu_s += seconds_since(t0);
+    for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+  });
+  tbb::flow::function_node<int> side(g, 1, [&](int) {
+    try {
+      alongside();
+    } catch (...) {
+      std::lock_guard<std::mutex> l(err_mu);
+      if (!cpu_error) cpu_error = std::current_exception();
+    }
+  });
+  auto dispatch = [&](Job job) {
+    if (s.options.overlap) {
+      cpu_rows.try_put(std::move(job));
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      s.cpu->expert_group(x, T, H, job.tasks);
+      cpu_s += seconds_since(t0);
+      for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+    }
+  };
+
+  // 1. GPU group, issued without waiting (serially: issued and taken now).
+  PendingGroup pending;
+  auto recompute_gpu_on_cpu = [&](const std::string& why) {
+    if (!s.gpu_warned) {
+      fmt::print(stderr, "strata: warning: GPU expert group failed ({}); recomputing it on the CPU\n", why);
+      s.gpu_warned = true;
+    }
+    ++s.tel.gpu_fallbacks;
+    // The host views (mapping, or memory made at load) stay valid for VRAM experts: compute from them.
+    std::vector<ExpertTask> host = gpu_tasks;
+    for (size_t i = 0; i < host.size(); ++i) host[i].expert = gpu_host[i];
+    s.cpu->expert_group(x, T, H, host);
+  };
+  if (!gpu_tasks.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      pending = s.gpu->issue(x, T, H, gpu_tasks);
+      s.tel.gpu_issue_s += seconds_since(t0);
+      if (!s.options.overlap) {
+        const auto t1 = std::chrono::steady_clock::now();
+        pending.take();
+        s.tel.take_s += seconds_since(t1);
+      }
+    } catch (const Error& e) {
+      pending = PendingGroup();
+      recompute_gpu_on_cpu(e.what());
+    }
+  }
+
+  // 2. Shared expert and resident rows.
+  if (alongside) {
+    if (s.options.overlap) {
+      side.try_put(0);
+    } else {
+      alongside();
+    }
+  }
+  if (!ram_tasks.empty()) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
+
+  // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
+  // CPU rows as soon as all its runs have landed.
+  if (!misses.empty()) {
+    const auto t_disk = std::chrono::steady_clock::now();
+    double waited = 0;
+    std::unordered_map<uint64_t, size_t> ticket_miss;  // ticket → index in misses
+    std::vector<int> runs_left(misses.size(), 0);
+    std::vector<int32_t> miss_slot(misses.size(), -1);
+    auto land = [&](const FileReader::Completion& c) {
+      c.check();
+      const size_t i = ticket_miss.at(c.ticket);
+      if (--runs_left[i] > 0) return;
+      const Work& w = *misses[i];
+      Entry& en = s.entry(layer, w.expert);
+      Slot& sl = s.slots[static_cast<size_t>(miss_slot[i])];
+      sl.view = s.view_in(en, sl.mem.get());
+      sl.key = layer * s.experts + w.expert;
+      en.tier = Tier::kCache;
+      en.slot = miss_slot[i];
+      s.tel.disk_bytes += en.buffer_bytes;
+      Job job;
+      job.tasks.push_back({&sl.view, w.rows, w.out});
+      job.slots.push_back(miss_slot[i]);
+      dispatch(std::move(job));
+    };
+    auto wait_one = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto c = s.reader->wait_any();
+      waited += seconds_since(t0);
+      land(c);
+    };
+    auto free_slot = [&]() -> int32_t {
+      int32_t best = -1;
+      std::lock_guard<std::mutex> l(pin_mu);
+      for (size_t i = 0; i < s.slots.size(); ++i) {
+        const Slot& sl = s.slots[i];
+        if (sl.pins > 0) continue;
+        if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use) best = static_cast<int32_t>(i);
+      }
+      return best;
+    };
+    try {
+      for (size_t i = 0; i < misses.size(); ++i) {
+        int32_t sl = free_slot();
+        while (sl < 0) {
+          // Every slot is being read or computed: let a read land, or the CPU rows finish.
+          if (s.reader->outstanding() > 0) {
+            wait_one();
+          } else {
+            g.wait_for_all();
+          }
+          sl = free_slot();
+        }
+        Slot& slot = s.slots[static_cast<size_t>(sl)];
+        {
+          std::lock_guard<std::mutex> l(pin_mu);
+          slot.pins = 1;
+        }
+        if (slot.key >= 0) {  // evict
+          Entry& old = s.entries[static_cast<size_t>(slot.key)];
+          old.tier = Tier::kDisk;
+          old.slot = -1;
+          slot.key = -1;
+        }
+        slot.last_use = s.clock;
+        miss_slot[i] = sl;
+        const Entry& en = s.entry(layer, misses[i]->expert);
+        ++s.tel.disk_reads;
+        runs_left[i] = static_cast<int>(en.runs.size());
+        for (const Run& r : en.runs) {
+          const uint64_t t = s.reader->submit(r.file, r.read_offset, r.read_length, slot.mem.get() + r.dst);
+          ticket_miss[t] = i;
+        }
+        if (!s.options.overlap) {
+          while (runs_left[i] > 0) wait_one();
+        }
+      }
+      while (s.reader->outstanding() > 0) wait_one();
+    } catch (...) {
+      // A failed read: let everything in flight finish, leave no half-read slot behind, report the read.
+      try {
+        while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
+      } catch (...) {
+      }
+      g.wait_for_all();
+      for (size_t i = 0; i < misses.size(); ++i) {
+        if (miss_slot[i] < 0) continue;
+        Slot& slot = s.slots[static_cast<size_t>(miss_slot[i])];
+        if (runs_left[i] > 0) {
+          slot.pins = 0;
+          slot.key = -1;
+        }
+      }
+      throw;
+    }
+    s.tel.disk_wait_s += waited;
+    (void)t_disk;
+  }
+
+  g.wait_for_all();
+  s.tel.cpu_rows_s += cpu_s;
+  if (pending) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      pending.take();
+    } catch (const Error& e) {
+      recompute_gpu_on_cpu(e.what());
+    }
+    s.tel.take_s += seconds_since(t0);
+  }
+  if (cpu_error) std::rethrow_exception(cpu_error);
+  s.tel.layer_s += seconds_since(t_layer);
+}
+
+// ---- between turns ------------------------------------------------------------------------------------
+
+void ExpertStore::end_turn() {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  stats_.turns = std::max(stats_.turns, s.turn);
+  ++s.turn;
+  // Re-placement with hysteresis: a candidate replaces the weakest member of a tier only when it was routed
+  // clearly more often (25 % and 2 tokens more); at most 16 moves per tier per turn.
+  auto count = [&](int64_t key) { return stats_.count[static_cast<size_t>(key)]; };
+  auto rebalance = [&](Tier tier, bool (*eligible)(const Entry&)) {
+    std::vector<int64_t> members, candidates;
+    for (auto [l, e] : stats_.ranked()) {
+      if (l >= s.layers || !s.model.layers()[static_cast<size_t>(l)].moe) continue;
+      const int64_t key = l * s.experts + e;
+      const Entry& en = s.entries[static_cast<size_t>(key)];
+      if (en.tier == tier && eligible(en)) members.push_back(key);
+      if (en.tier != tier && en.tier != Tier::kVram && !en.runs.empty()) candidates.push_back(key);
+    }
+    int moves = 0;
+    for (int64_t cand : candidates) {
+      if (members.empty() || moves >= 16) break;
+      const int64_t weak = members.back();
+      if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
+      Entry& in = s.entries[static_cast<size_t>(cand)];
+      Entry& out = s.entries[static_cast<size_t>(weak)];
+      if (tier == Tier::kRam) {
+        // The pinned buffer moves to the candidate; the old member goes back to streaming.
+        if (in.tier == Tier::kCache) {
+          s.slots[static_cast<size_t>(in.slot)].key = -1;
+          in.slot = -1;
+        }
+        in.pinned = std::move(out.pinned);
+        if (in.buffer_bytes > out.buffer_bytes) in.pinned = alloc_pages(in.buffer_bytes);
+        s.read_now(in, in.pinned.get());
+        in.pinned_view = s.view_in(in, in.pinned.get());
+        in.tier = Tier::kRam;
+        out.tier = Tier::kDisk;
+      }
+      members.pop_back();
+      ++moves;
+    }
+  };
+  if (!plan_.mapped) {
+    rebalance(Tier::kRam, [](const Entry& en) { return static_cast<bool>(en.pinned); });
+  }
+  // VRAM re-placement: upload the candidate from the mapping, free the weakest (same bytes per expert).
+  if (s.gpu != nullptr && plan_.vram > 0) {
+    std::vector<int64_t> members, candidates;
+    for (auto [l, e] : stats_.ranked()) {
+      if (l >= s.layers || !s.model.layers()[static_cast<size_t>(l)].moe) continue;
+      const int64_t key = l * s.experts + e;
+      (s.entries[static_cast<size_t>(key)].tier == Tier::kVram ? members : candidates).push_back(key);
+    }
+    int moves = 0;
+    for (int64_t cand : candidates) {
+      if (members.empty() || moves >= 16) break;
+      const int64_t weak = members.back();
+      if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
+      Entry& in = s.entries[static_cast<size_t>(cand)];
+      Entry& out = s.entries[static_cast<size_t>(weak)];
+      out.resident.clear();
+      out.tier = Tier::kDisk;
+      if (plan_.mapped) out.tier = Tier::kRam;
+      if (in.tier == Tier::kCache) {
+        s.slots[static_cast<size_t>(in.slot)].key = -1;
+        in.slot = -1;
+      }
+      try {
+        s.upload(in);
+        in.tier = Tier::kVram;
+      } catch (const Error&) {
+        in.tier = plan_.mapped ? Tier::kRam : Tier::kDisk;
+        break;
+      }
+      members.pop_back();
+      ++moves;
+    }
+  }
+  if (!plan_.stats_path.empty()) {
+    try {
+      save_routing_stats(stats_, plan_.stats_path);
+    } catch (const Error& e) {
+      if (!s.save_warned) {
+        fmt::print(stderr, "strata: warning: routing statistics not saved: {}\n", e.what());
+        s.save_warned = true;
+      }
+    }
+  }
+}
+
+}  // namespace strata
