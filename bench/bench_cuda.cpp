@@ -1,10 +1,12 @@
 // CUDA expert kernels (the cuda plugin's backend, used directly): kernel time from device events, medians.
 //   1. the copy bandwidth of the device (the ceiling, read + write) and the 4.8 TB/s datasheet figure;
 //   2. GLM-5.2 routed-expert layer at decode: 8 experts of gate/up 2048x6144 + down 6144x2048, Q4_G64 (and
-//      Q4_ROW), 1-8 rows per expert, GB/s of weights read (cold: rotating over layers 10x the L2);
+//      Q4_ROW), 1-8 rows per expert, GB/s of weights read (cold: rotating over layers 10x the L2), for the
+//      exact-mode kernels: gemv (the default), the exact tensor-core path (STRATA_CUDA_GEMV_MAX_ROWS=0, the
+//      default before gemv) and SIMT;
 //   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
-//   4. exact (f32-accurate, 3 bf16 parts) vs W4A16 tensor-core paths at 1..512 rows per expert: TFLOP/s, and
-//      where W4A16 starts to pay (the crossover);
+//   4. the exact paths (gemv, tensor cores with 3 bf16 parts) vs W4A16 at 1..512 rows per expert: TFLOP/s,
+//      and where W4A16 (and the tensor cores) start to pay (the crossovers);
 //   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead).
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -182,8 +184,10 @@ int main(int argc, char** argv) {
   app.add_option("--device", device);
   app.add_option("--rounds", rounds, "timed passes over each suite's groups");
   app.add_flag("--quick", quick, "fewer shapes");
+  bool decode_only = false;
   app.add_flag("--smoke", smoke,
                "tiny shapes, one round: checks that the program runs (e.g. on the CPU emulation)");
+  app.add_flag("--decode", decode_only, "only the decode suites (GLM-5.2 layer, projection shape at n = 1, 4)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
@@ -220,13 +224,25 @@ int main(int argc, char** argv) {
           "layers\n",
           dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", F, H, H, F, pool.bytes_per_expert / 1e6,
           layers);
-      fmt::print("{:<26} {:>5} {:>10} {:>9} {:>10} {:>10}\n", "kernels", "rows", "median us", "GB/s",
+      fmt::print("memory floor: {:.1f} us for {:.1f} MB at {:.0f} GB/s\n",
+                 8 * pool.bytes_per_expert / (peak * 1e9) * 1e6, 8 * pool.bytes_per_expert / 1e6, peak);
+      fmt::print("{:<28} {:>5} {:>10} {:>9} {:>10} {:>10}\n", "kernels", "rows", "median us", "GB/s",
                  "% of 4.8TB",
                  "% of copy");  // copy: the device-to-device copy's read + write rate
-      for (bool simt : {false, true}) {
-        b.settings().force_simt = simt;
+      struct Variant {
+        const char* name;
+        int gemv_max_rows;
+        bool simt;
+        int max_rows;
+      };
+      const Variant variants[] = {{"gemv f32 (exact, default)", -1, false, 8},
+                                  {"tensor cores, exact (old)", 0, false, 8},
+                                  {"SIMT f32", -1, true, 4}};
+      for (const Variant& v : variants) {
+        b.settings().gemv_max_rows = v.gemv_max_rows;
+        b.settings().force_simt = v.simt;
         for (int rows : {1, 2, 3, 4, 8}) {
-          if (simt && rows > 4) continue;
+          if (rows > v.max_rows || (quick && v.simt)) continue;
           std::vector<float> x(static_cast<size_t>(rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
           for (auto& v : x) v = nd(rng);
@@ -242,12 +258,12 @@ int main(int argc, char** argv) {
           }
           const double ms = time_groups(b, gs, x, rows, H, rounds);
           const double gbs = 8 * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
-          fmt::print("{:<26} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}%\n",
-                     simt ? "SIMT f32" : "tensor cores, exact", rows, ms * 1e3, gbs, 100 * gbs / peak,
-                     copy > 0 ? 100 * gbs / copy : 0.0);
+          fmt::print("{:<28} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}%\n", v.name, rows, ms * 1e3, gbs,
+                     100 * gbs / peak, copy > 0 ? 100 * gbs / copy : 0.0);
         }
       }
       b.settings().force_simt = false;
+      b.settings().gemv_max_rows = -1;
     }
 
     // ---- 3. projection shape: 128 experts of 768 x 2048, top-8 of n tokens ----
@@ -260,13 +276,23 @@ int main(int argc, char** argv) {
           "\nprojection shape, Q4_G64: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), top-8 at "
           "random\n",
           n_exp, f, h, h, f, pool.bytes_per_expert / 1e6);
-      fmt::print("{:<22} {:>5} {:>5} {:>10} {:>9} {:>10} {:>9}\n", "path", "n", "used", "median us", "GB/s",
+      fmt::print("{:<26} {:>5} {:>5} {:>10} {:>9} {:>10} {:>9}\n", "path", "n", "used", "median us", "GB/s",
                  "% of 4.8TB", "TFLOP/s");
-      for (int w4 : {0, 16}) {
-        b.settings().w4a16_min_rows = w4;
+      struct Path {
+        const char* name;
+        int gemv_max_rows, w4a16_min_rows;
+      };
+      const Path paths[] = {{"exact gemv (default)", -1, 0},
+                            {"exact tensor cores (old)", 0, 0},
+                            {"W4A16 (>=16 rows)", -1, 16}};
+      for (const Path& path : paths) {
+        b.settings().gemv_max_rows = path.gemv_max_rows;
+        b.settings().w4a16_min_rows = path.w4a16_min_rows;
+        const int w4 = path.w4a16_min_rows;
         for (int n : {1, 4, 32, 512}) {
           if (w4 != 0 && n < 32) continue;
-          if (smoke && n > 32) continue;
+          if ((smoke || decode_only) && n > 32) continue;
+          if (decode_only && n > 4) continue;
           std::vector<float> x(static_cast<size_t>(n * h));
           std::normal_distribution<float> nd(0.0f, 1.0f);
           for (auto& v : x) v = nd(rng);
@@ -294,12 +320,14 @@ int main(int argc, char** argv) {
           const double gbs = used * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
           const double tflops =
               2.0 * 3 * static_cast<double>(f * h) * static_cast<double>(rows_total) / (ms * 1e-3) / 1e12;
-          fmt::print("{:<22} {:>5} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.2f}\n",
-                     w4 ? "W4A16 (>=16 rows)" : "exact", n, used, ms * 1e3, gbs, 100 * gbs / peak, tflops);
+          fmt::print("{:<26} {:>5} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.2f}\n", path.name, n, used,
+                     ms * 1e3, gbs, 100 * gbs / peak, tflops);
         }
       }
       b.settings().w4a16_min_rows = 0;
+      b.settings().gemv_max_rows = -1;
     }
+    if (decode_only) return 0;
 
     // ---- 4. exact vs W4A16 at 1..512 rows per expert, GLM-5.2 layer (one layer, warm after the first pass)
     // ----
@@ -308,11 +336,12 @@ int main(int argc, char** argv) {
       make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8, H, F, 9000);
       const double floor_ms = 8 * pool.bytes_per_expert / (peak * 1e9) * 1e3;
       fmt::print(
-          "\nexact vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; memory floor {:.1f} us\n",
+          "\nexact (gemv, tensor cores) vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; memory "
+          "floor {:.1f} us\n",
           floor_ms * 1e3);
-      fmt::print("{:>5} {:>12} {:>9} {:>12} {:>9} {:>8}\n", "R", "exact us", "TFLOP/s", "W4A16 us", "TFLOP/s",
-                 "speedup");
-      int crossover = 0;
+      fmt::print("{:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8}\n", "R", "gemv us", "TFLOP/s", "tc us",
+                 "TFLOP/s", "W4A16 us", "TFLOP/s", "speedup");
+      int crossover = 0, tc_crossover = 0;
       const std::vector<int> rs = smoke   ? std::vector<int>{1, 16, 40}
                                   : quick ? std::vector<int>{1, 4, 16, 64, 256}
                                           : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
@@ -331,20 +360,32 @@ int main(int argc, char** argv) {
         const double flop = 2.0 * 3 * static_cast<double>(F * H) * 8 * R;
         b.settings().w4a16_min_rows = 0;
         const double ms_exact = time_groups(b, gs, x, R, H, rounds);
+        b.settings().gemv_max_rows = 0;
+        const double ms_tc = time_groups(b, gs, x, R, H, rounds);
+        b.settings().gemv_max_rows = -1;
         b.settings().w4a16_min_rows = 1;
         const double ms_w4 = time_groups(b, gs, x, R, H, rounds);
         b.settings().w4a16_min_rows = 0;
         if (crossover == 0 && ms_w4 < 0.95 * ms_exact) crossover = R;
-        fmt::print("{:>5} {:>12.1f} {:>9.2f} {:>12.1f} {:>9.2f} {:>7.2f}x\n", R, ms_exact * 1e3,
-                   flop / (ms_exact * 1e-3) / 1e12, ms_w4 * 1e3, flop / (ms_w4 * 1e-3) / 1e12,
-                   ms_exact / ms_w4);
+        if (tc_crossover == 0 && ms_tc < 0.95 * ms_exact) tc_crossover = R;
+        auto tf = [&](double ms) { return flop / (ms * 1e-3) / 1e12; };
+        fmt::print("{:>5} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>7.2f}x\n", R, ms_exact * 1e3,
+                   tf(ms_exact), ms_tc * 1e3, tf(ms_tc), ms_w4 * 1e3, tf(ms_w4), ms_exact / ms_w4);
       }
       if (crossover > 0) {
         fmt::print(
-            "W4A16 is >5% faster than the exact path from {} rows per expert (STRATA_CUDA_W4A16_MIN_ROWS)\n",
+            "W4A16 is >5% faster than the exact gemv path from {} rows per expert (STRATA_CUDA_W4A16_MIN_ROWS)\n",
             crossover);
       } else {
         fmt::print("W4A16 is never >5% faster here\n");
+      }
+      if (tc_crossover > 0) {
+        fmt::print(
+            "the exact tensor-core path is >5% faster than gemv from {} rows per expert "
+            "(STRATA_CUDA_GEMV_MAX_ROWS={} would use it there, at the cost of prefill == decode bit for bit)\n",
+            tc_crossover, tc_crossover - 1);
+      } else {
+        fmt::print("the exact tensor-core path is never >5% faster than gemv here\n");
       }
     }
 

@@ -63,7 +63,11 @@ struct Settings {
   // never (the default: every path is then f32-accurate and prefill equals decode bit for bit).
   // STRATA_CUDA_W4A16_MIN_ROWS=N.
   int w4a16_min_rows = 0;
-  // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the tensor cores.
+  // int4 matrices (exact mode) run on the memory-bound gemv kernels in calls (experts) with at most this many
+  // rows, on the exact tensor-core kernels above; -1 = every row count (the default: then a token's result never
+  // depends on the row count, so prefill equals decode bit for bit); 0 = never. STRATA_CUDA_GEMV_MAX_ROWS=N.
+  int gemv_max_rows = -1;
+  // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the gemv / tensor-core kernels.
   bool force_simt = false;
 };
 

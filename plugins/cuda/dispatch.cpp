@@ -118,9 +118,10 @@ std::string cuda_text(cudaError_t e) {
   throw Failure(STRATA_ERR_INVALID_ARGUMENT, what);
 }
 
-// Tokens per work item for an operand of `splits` parts (3: exact tensor-core, 1: W4A16, 0: SIMT f32).
+// Tokens per work item for an operand of `splits` parts (3: exact tensor-core, 1: W4A16, 0: SIMT f32,
+// kGemvSplits: gemv f32).
 int chunk_capacity(int splits) {
-  return splits == 3 ? 8 : splits == 1 ? 32 : kSimtMaxTok;
+  return splits == 3 ? 8 : splits == 1 ? 32 : splits == kGemvSplits ? kGemvMaxTok : kSimtMaxTok;
 }
 
 // n-tiles needed for n tokens, rounded to an instantiated count.
@@ -141,7 +142,8 @@ struct Upload {
   uint64_t data_off, scale_off;
 };
 
-// A kernel launch over a contiguous range of the plan's items.
+// A kernel launch over a contiguous range of the plan's items. Not tc: SIMT (splits 0) or gemv (splits
+// kGemvSplits, nt = the items' token count).
 struct LaunchSpec {
   bool tc;
   int32_t dtype;
@@ -280,6 +282,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     const long n = std::strtol(v, &end, 10);
     settings_.w4a16_min_rows =
         (end != v && *end == '\0' && n > 0 && n < (1L << 30)) ? static_cast<int>(n) : 0;
+  }
+  if (const char* v = std::getenv("STRATA_CUDA_GEMV_MAX_ROWS")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    settings_.gemv_max_rows =
+        (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : -1;
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
@@ -466,21 +474,32 @@ void place_uploads(Plan& p, Layout& lay) {
   }
 }
 
-// Groups items into launches: one per (kernel, format, splits) class, items of a class contiguous. `nts` gets
-// the n-tile count of each class (the operand buffers are sized by it).
+// Groups items into launches: one per (kernel, format, splits, gemv token count) class, items of a class
+// contiguous. `nts` gets the n-tile count of each tensor-core class (the operand buffers are sized by it).
 struct ClassKey {
   bool tc;
   int32_t dtype;
   int splits;
+  int gemv_tok = 0;  // gemv classes: the token count of their items (one kernel instance per count)
   bool operator<(const ClassKey& o) const {
-    return std::tie(tc, dtype, splits) < std::tie(o.tc, o.dtype, o.splits);
+    return std::tie(tc, dtype, splits, gemv_tok) < std::tie(o.tc, o.dtype, o.splits, o.gemv_tok);
   }
-  bool operator==(const ClassKey& o) const { return tc == o.tc && dtype == o.dtype && splits == o.splits; }
+  bool operator==(const ClassKey& o) const {
+    return tc == o.tc && dtype == o.dtype && splits == o.splits && gemv_tok == o.gemv_tok;
+  }
 };
 
-int grid_for(bool tc, bool gate_up, int rows) {
-  const int per_block = tc ? kTcRowsPerBlock : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
+int grid_for(bool tc, int splits, bool gate_up, int rows) {
+  const int per_block = tc                      ? kTcRowsPerBlock
+                        : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
+                                                : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
   return (rows + per_block - 1) / per_block;
+}
+
+// The kernel family of an int4 matrix in a call with n_rows rows (force_simt and W4A16 aside): gemv or the
+// exact tensor-core kernels.
+bool use_gemv(const Settings& s, int64_t n_rows) {
+  return s.gemv_max_rows < 0 || n_rows <= s.gemv_max_rows;
 }
 
 }  // namespace
@@ -528,32 +547,38 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
       }
     }
     any_rows = true;
+    // Kernel per matrix: int4 on W4A16 tensor cores (experts with >= w4a16_min_rows rows), else on gemv or
+    // the exact tensor cores (gemv_max_rows), or everything on SIMT (force_simt); float formats on SIMT.
     const bool w4a16 = settings_.w4a16_min_rows > 0 && task.n_rows >= settings_.w4a16_min_rows;
-    const bool gu_tc = is_q4(e.gate.dtype) && !settings_.force_simt;
-    const bool dn_tc = is_q4(e.down.dtype) && !settings_.force_simt;
-    const int s_in = gu_tc ? (w4a16 ? 1 : 3) : 0;
-    const int s_h = dn_tc ? (w4a16 ? 1 : 3) : 0;
+    const bool gemv = !w4a16 && use_gemv(settings_, task.n_rows);
+    const bool gu_q4 = is_q4(e.gate.dtype) && !settings_.force_simt;
+    const bool dn_q4 = is_q4(e.down.dtype) && !settings_.force_simt;
+    const bool gu_tc = gu_q4 && !gemv, dn_tc = dn_q4 && !gemv;
+    const int s_in = gu_q4 ? (gemv ? kGemvSplits : w4a16 ? 1 : 3) : 0;
+    const int s_h = dn_q4 ? (gemv ? kGemvSplits : w4a16 ? 1 : 3) : 0;
     const int cap = std::min(chunk_capacity(s_in), chunk_capacity(s_h));
     task_rows_at[static_cast<size_t>(t)] = p.rows.size();
     p.rows.insert(p.rows.end(), task.rows, task.rows + task.n_rows);
     for (int start = 0; start < task.n_rows; start += cap) {
-      chunks.push_back(Chunk{t, start, std::min(cap, task.n_rows - start), gate, up, down,
-                             ClassKey{gu_tc, e.gate.dtype, s_in}, ClassKey{dn_tc, e.down.dtype, s_h}});
+      const int n = std::min(cap, task.n_rows - start);
+      chunks.push_back(Chunk{t, start, n, gate, up, down,
+                             ClassKey{gu_tc, e.gate.dtype, s_in, s_in == kGemvSplits ? n : 0},
+                             ClassKey{dn_tc, e.down.dtype, s_h, s_h == kGemvSplits ? n : 0}});
     }
   }
   if (!any_rows) return p;  // nothing to compute; the group completes at once
 
-  // Launch classes and their n-tile counts.
+  // Launch classes and their n-tile counts (gemv: the token count).
   std::map<ClassKey, int> gu_nt, dn_nt;
   for (const Chunk& c : chunks) {
     if (c.gu.tc)
       gu_nt[c.gu] = std::max(gu_nt[c.gu], nt_for(c.gu.splits, c.n));
     else
-      gu_nt[c.gu] = 0;
+      gu_nt[c.gu] = c.gu.gemv_tok;
     if (c.dn.tc)
       dn_nt[c.dn] = std::max(dn_nt[c.dn], nt_for(c.dn.splits, c.n));
     else
-      dn_nt[c.dn] = 0;
+      dn_nt[c.dn] = c.dn.gemv_tok;
   }
   for (auto* m : {&gu_nt, &dn_nt}) {
     for (auto& [k, nt] : *m) {
@@ -619,7 +644,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
           it.in_off = in_off[i];
           it.in_splits = c.gu.splits;
           it.h_off = h_off[i];
-          it.h_splits = c.dn.tc ? c.dn.splits : 0;
+          it.h_splits = c.dn.splits;  // tensor-core parts, 0 (SIMT f32) or kGemvSplits (gemv f32)
           it.h_kp = static_cast<int>(padded_cols(c.gate.dm.rows));
           max_rows = std::max(max_rows, c.gate.dm.rows);
         } else {
@@ -635,7 +660,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
         p.items.push_back(it);
       }
       l.n_items = static_cast<int>(p.items.size() - l.first_item);
-      l.grid_x = grid_for(key.tc, gate_up, max_rows);
+      l.grid_x = grid_for(key.tc, key.splits, gate_up, max_rows);
       p.launches.push_back(l);
     }
   };
@@ -651,7 +676,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.n_tok = c.n;
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(hp);
-    j.splits = c.gu.tc ? c.gu.splits : 0;
+    j.splits = c.gu.splits;
     j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
     j.dst_off = in_off[i];
     j.zero_off = h_off[i];
@@ -671,8 +696,10 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
     return p;
   }
   if (n_x_rows > kMaxDim) throw Failure(STRATA_ERR_UNSUPPORTED, "matmul: too many rows");
-  const bool tc = is_q4(w.dtype) && !settings_.force_simt;
-  const int splits = tc ? 3 : 0;
+  const bool q4 = is_q4(w.dtype) && !settings_.force_simt;
+  const bool gemv = q4 && use_gemv(settings_, n_x_rows);
+  const bool tc = q4 && !gemv;
+  const int splits = tc ? 3 : gemv ? kGemvSplits : 0;
   const int cap = chunk_capacity(splits);
   const int n = static_cast<int>(n_x_rows);
   const int n_chunks = (n + cap - 1) / cap;
@@ -702,8 +729,18 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   place_uploads(p, lay);
   p.dev_bytes = lay.cursor;
   p.prep_blocks = static_cast<int>(std::clamp<int64_t>((max_prep + 255) / 256, 1, 2048));
-  LaunchSpec l{tc, w.dtype, false, splits, nt, 0, n_chunks, grid_for(tc, false, m.dm.rows)};
-  p.launches.push_back(l);
+  if (gemv) {
+    // One gemv instance per token count: the full chunks, then the shorter last one.
+    const int full = n / cap, rest = n % cap;
+    const int grid = grid_for(false, splits, false, m.dm.rows);
+    if (full > 0) p.launches.push_back(LaunchSpec{false, w.dtype, false, splits, cap, 0, full, grid});
+    if (rest > 0)
+      p.launches.push_back(
+          LaunchSpec{false, w.dtype, false, splits, rest, static_cast<uint64_t>(full), 1, grid});
+  } else {
+    p.launches.push_back(
+        LaunchSpec{tc, w.dtype, false, splits, nt, 0, n_chunks, grid_for(tc, splits, false, m.dm.rows)});
+  }
   for (int c = 0; c < n_chunks; ++c) {
     const int start = c * cap, len = std::min(cap, n - start);
     ItemSpec it;
@@ -826,6 +863,16 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
         } else {
           e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
                   : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+        }
+      } else if (l.splits == kGemvSplits) {
+        const bool g64 = l.dtype == kQ4G64;
+        name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_gemv" : "_q4row_gemv");
+        if (l.gate_up) {
+          e = g64 ? launch_gate_up_q4g64_gemv(l.nt, items, n, l.grid_x, s.stream)
+                  : launch_gate_up_q4row_gemv(l.nt, items, n, l.grid_x, s.stream);
+        } else {
+          e = g64 ? launch_linear_q4g64_gemv(l.nt, items, n, l.grid_x, s.stream)
+                  : launch_linear_q4row_gemv(l.nt, items, n, l.grid_x, s.stream);
         }
       } else {
         name = std::string(l.gate_up ? "gate_up_simt_" : "linear_simt_") + dtype_name(l.dtype);

@@ -2,7 +2,8 @@
 // is there and rejected with a reason, then skips (and passes); a build with STRATA_CUDA on whose plugin file
 // is missing fails. With a device: conformance against cpu_generic for every format and shape class (exact
 // paths: max |y - ref| <= 1e-5 * max(max |ref|, 1); the W4A16 path: its stated tolerance), prefill rows equal
-// decode rows bit for bit, device memory and its accounting, asynchronous groups (several in flight, threads,
+// decode rows bit for bit (the int4 gemv kernels at every token count 1..8, the exact tensor cores, the
+// STRATA_CUDA_GEMV_MAX_ROWS switch between them), device memory and its accounting, asynchronous groups (several in flight, threads,
 // devices), injected and real failures returned as statuses, and every model fixture with its experts on the
 // GPU.
 //
@@ -240,6 +241,7 @@ static void gpu_case_1(const PluginRecord* rec) {
   auto ref = cpu_reference();
   auto cuda = make_backend(*rec);
   auto simt = make_cuda_with_env(*rec, "STRATA_CUDA_KERNELS", "simt");
+  auto tc = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "0");  // int4 on the exact tensor cores
   std::mt19937 rng(4321);
   double worst = 0;
   struct Shape {
@@ -283,6 +285,15 @@ static void gpu_case_1(const PluginRecord* rec) {
       // The SIMT kernels (the only path for float weights, a switchable one for int4) agree too.
       simt->matmul(w.view(), x.data(), sh.s, ys.data());
       CHECK(rel_err(ys.data(), want.data(), n) <= kExactTol);
+      // int4: so do the exact tensor-core kernels (the default is gemv), and their rows are independent too.
+      if (is_q4(f)) {
+        std::vector<float> yt(n, NAN), one(static_cast<size_t>(sh.o), NAN);
+        tc->matmul(w.view(), x.data(), sh.s, yt.data());
+        CHECK(rel_err(yt.data(), want.data(), n) <= kExactTol);
+        const int64_t last = sh.s - 1;
+        tc->matmul(w.view(), x.data() + last * sh.i, 1, one.data());
+        CHECK(std::memcmp(one.data(), yt.data() + last * sh.o, one.size() * 4) == 0);
+      }
     }
   }
   MESSAGE(rec->name << " matmul: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = " << worst);
@@ -299,6 +310,7 @@ static void gpu_case_2(const PluginRecord* rec) {
   auto ref = cpu_reference();
   auto cuda = make_backend(*rec);
   auto simt = make_cuda_with_env(*rec, "STRATA_CUDA_KERNELS", "simt");
+  auto tc = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "0");  // int4 on the exact tensor cores
   std::mt19937 rng(99);
   double worst = 0;
   const std::vector<int> counts = {0, 1, 4, 64, 3, 8, 9, 2};
@@ -317,12 +329,14 @@ static void gpu_case_2(const PluginRecord* rec) {
       const auto want = grp.run(*ref);
       const auto got = grp.run(*cuda);
       const auto got_simt = grp.run(*simt);
+      const auto got_tc = is_q4(f) ? grp.run(*tc) : got;
       for (size_t e = 0; e < counts.size(); ++e) {
         CAPTURE(e);
         const double err = rel_err(got[e].data(), want[e].data(), want[e].size());
         worst = std::max(worst, err);
         CHECK(err <= kExactTol);
         CHECK(rel_err(got_simt[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+        CHECK(rel_err(got_tc[e].data(), want[e].data(), want[e].size()) <= kExactTol);
       }
       // Decode = prefill: every row of the 64-row expert alone, as its own task, gives the same bits.
       const size_t big = 3;
@@ -350,6 +364,135 @@ TEST_CASE("cuda expert_group equals cpu_generic within 1e-5: every format, 0/1/4
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     gpu_case_2(rec);
+  }
+}
+
+// The int4 gemv kernels (the exact-mode int4 path at every row count by default): each token count 1..8 is
+// its own kernel instance, so every one is checked against cpu_generic and, bit for bit, against the same
+// tokens computed one at a time; shapes whose rows are not a multiple of a warp's (4 linear, 2 gate/up) or a
+// block's, columns that are not a multiple of 64 (Q4_G64 groups, Q4_ROW padding) or of 1024 (a warp step),
+// rows of more than one step (the one-token prefetch). STRATA_CUDA_GEMV_MAX_ROWS=8 runs experts/calls with at
+// most 8 rows on gemv and the rest on the exact tensor cores, bit for bit as the two backends that use one each.
+static void gpu_case_gemv(const PluginRecord* rec) {
+  auto ref = cpu_reference();
+  auto gemv = make_backend(*rec);
+  auto tc = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "0");
+  auto cut = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "8");
+  std::mt19937 rng(808);
+  double worst = 0;
+  int differ = 0;  // experts whose gemv and tensor-core bits differ: the two really are different kernels
+  auto same_bits = [](const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; };
+
+  // matmul: S = 11 (chunks of 8 and 3 tokens), then the first S = 1..7 rows alone: the same bits.
+  struct Shape {
+    int64_t o, i;
+  };
+  for (Shape sh : {Shape{1, 1}, Shape{3, 31}, Shape{5, 63}, Shape{6, 64}, Shape{7, 65}, Shape{18, 96},
+                   Shape{33, 130}, Shape{35, 768}, Shape{21, 1030}, Shape{13, 2100}}) {
+    for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+      CAPTURE(sh.o);
+      CAPTURE(sh.i);
+      CAPTURE(weight_format_name(f));
+      constexpr int64_t S = 11;
+      const HostMatrix w = random_matrix(rng, f, sh.o, sh.i);
+      const auto x = random_vec(rng, static_cast<size_t>(S * sh.i));
+      const size_t n = static_cast<size_t>(S * sh.o);
+      std::vector<float> want(n), y(n, NAN), yt(n, NAN), yc(n, NAN);
+      ref->matmul(w.view(), x.data(), S, want.data());
+      gemv->matmul(w.view(), x.data(), S, y.data());
+      const double err = rel_err(y.data(), want.data(), n);
+      worst = std::max(worst, err);
+      CHECK(err <= kExactTol);
+      tc->matmul(w.view(), x.data(), S, yt.data());
+      CHECK(rel_err(yt.data(), want.data(), n) <= kExactTol);
+      cut->matmul(w.view(), x.data(), S, yc.data());
+      CHECK(same_bits(yc.data(), yt.data(), n));  // 11 rows > 8: the tensor cores
+      for (int64_t s = 1; s <= 7; ++s) {
+        CAPTURE(s);
+        const size_t m = static_cast<size_t>(s * sh.o);
+        std::vector<float> part(m, NAN), part_cut(m, NAN);
+        gemv->matmul(w.view(), x.data(), s, part.data());
+        CHECK(same_bits(part.data(), y.data(), m));
+        cut->matmul(w.view(), x.data(), s, part_cut.data());
+        CHECK(same_bits(part_cut.data(), y.data(), m));  // <= 8 rows: gemv
+      }
+      // The last row alone (decode) equals its place in the batch (prefill).
+      std::vector<float> one(static_cast<size_t>(sh.o), NAN);
+      gemv->matmul(w.view(), x.data() + (S - 1) * sh.i, 1, one.data());
+      CHECK(same_bits(one.data(), y.data() + (S - 1) * sh.o, one.size()));
+    }
+  }
+
+  // expert_group: experts of 0..9 and 17 rows; int4 in both passes and mixed with float formats (the gate/up
+  // output operand goes gemv -> SIMT, SIMT -> gemv, gemv -> gemv of the other int4 format).
+  const std::vector<int> counts = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 17};
+  const std::vector<std::vector<std::pair<WeightFormat, WeightFormat>>> format_sets = {
+      same_format(WeightFormat::Q4_G64, counts.size()),
+      same_format(WeightFormat::Q4_ROW, counts.size()),
+      {{WeightFormat::Q4_G64, WeightFormat::BF16}, {WeightFormat::F16, WeightFormat::Q4_ROW},
+       {WeightFormat::Q4_ROW, WeightFormat::Q4_G64}, {WeightFormat::Q4_G64, WeightFormat::Q4_ROW},
+       {WeightFormat::BF16, WeightFormat::Q4_G64}, {WeightFormat::Q4_ROW, WeightFormat::F32},
+       {WeightFormat::Q4_G64, WeightFormat::Q4_G64}, {WeightFormat::Q4_ROW, WeightFormat::Q4_ROW},
+       {WeightFormat::Q4_G64, WeightFormat::F16}, {WeightFormat::F32, WeightFormat::Q4_G64},
+       {WeightFormat::Q4_ROW, WeightFormat::Q4_G64}}};
+  for (size_t fs = 0; fs < format_sets.size(); ++fs) {
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {64, 1}, {1, 16}, {96, 70}, {2100, 40}}) {
+      CAPTURE(fs);
+      CAPTURE(hidden);
+      CAPTURE(ffn);
+      const Group grp(rng, hidden, ffn, 20, counts, format_sets[fs]);
+      const auto want = grp.run(*ref);
+      const auto got = grp.run(*gemv);
+      const auto got_tc = grp.run(*tc);
+      const auto got_cut = grp.run(*cut);
+      for (size_t e = 0; e < counts.size(); ++e) {
+        CAPTURE(counts[e]);
+        const double err = rel_err(got[e].data(), want[e].data(), want[e].size());
+        worst = std::max(worst, err);
+        CHECK(err <= kExactTol);
+        CHECK(rel_err(got_tc[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+        CHECK(got_cut[e] == (counts[e] <= 8 ? got[e] : got_tc[e]));
+        differ += got[e] != got_tc[e] ? 1 : 0;
+      }
+      // Decode = prefill: every routed row of every expert alone, as its own task, gives the same bits; and the
+      // 17-row expert cut into tasks of 5 and 12 rows too.
+      std::vector<ExpertTask> singles;
+      std::vector<std::vector<float>> outs;
+      std::vector<std::pair<size_t, size_t>> where;  // (expert, row)
+      for (size_t e = 0; e < counts.size(); ++e) {
+        for (size_t r = 0; r < grp.rows[e].size(); ++r) where.emplace_back(e, r);
+      }
+      outs.assign(where.size(), std::vector<float>(static_cast<size_t>(hidden), NAN));
+      for (size_t k = 0; k < where.size(); ++k) {
+        const auto [e, r] = where[k];
+        singles.push_back({&grp.experts[e], std::span<const int32_t>(&grp.rows[e][r], 1), outs[k].data()});
+      }
+      gemv->expert_group(grp.x.data(), grp.n_x, hidden, singles);
+      bool same = true;
+      for (size_t k = 0; k < where.size(); ++k) {
+        const auto [e, r] = where[k];
+        same = same && same_bits(outs[k].data(), got[e].data() + r * static_cast<size_t>(hidden),
+                                 static_cast<size_t>(hidden));
+      }
+      CHECK(same);
+      const size_t big = counts.size() - 1;
+      std::vector<float> a(5 * static_cast<size_t>(hidden), NAN), b(12 * static_cast<size_t>(hidden), NAN);
+      const std::vector<ExpertTask> split = {
+          {&grp.experts[big], std::span<const int32_t>(grp.rows[big].data(), 5), a.data()},
+          {&grp.experts[big], std::span<const int32_t>(grp.rows[big].data() + 5, 12), b.data()}};
+      gemv->expert_group(grp.x.data(), grp.n_x, hidden, split);
+      CHECK(same_bits(a.data(), got[big].data(), a.size()));
+      CHECK(same_bits(b.data(), got[big].data() + a.size(), b.size()));
+    }
+  }
+  CHECK(differ > 0);
+  MESSAGE(rec->name << " gemv: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = " << worst);
+}
+
+TEST_CASE("cuda int4 gemv kernels (matmul and expert_group, 1-8 tokens per kernel): within 1e-5, prefill == decode") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_gemv(rec);
   }
 }
 
@@ -789,5 +932,63 @@ TEST_CASE("every model fixture with its experts on the GPU gives the oracle's gr
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     gpu_case_9(rec);
+  }
+}
+
+// The expert tiers with a GPU: part of the experts in VRAM (issued asynchronously), the rest on the CPU, at
+// the same time or one after the other — bitwise the same; an injected device failure is recomputed on the
+// CPU and gives the same greedy tokens.
+static void gpu_case_store(const PluginRecord* rec) {
+  for (const char* name : {"glm_moe_dsa-tiny", "deepseek_v3-tiny"}) {
+    const fs::path dir = fixtures_root() / name;
+    if (!fs::exists(dir)) continue;
+    CAPTURE(name);
+    const Expected ex = load_expected(dir);
+    RuntimeConfig cfg;
+    cfg.backends.experts = {rec->name};
+    cfg.backends.dense = rec->name == "cuda" ? "auto" : "cpu_generic";
+    auto load = [&](bool overlap) {
+      LoadOptions probe_lo;
+      auto probe = Model::load(dir, choose_backends(registry(), cfg), probe_lo);
+      StoreOptions so;
+      so.pin = "none";
+      so.overlap = overlap;
+      so.vram_gb = static_cast<double>(probe->param_counts().routed_bytes) / 2 / (1024.0 * 1024 * 1024);
+      LoadOptions lo;
+      lo.store = so;
+      return Model::load(dir, choose_backends(registry(), cfg), lo);
+    };
+    auto on = load(true);
+    const StorePlan& plan = on->expert_store()->plan();
+    MESSAGE(on->expert_store()->plan_text());
+    CHECK(plan.vram > 0);
+    CHECK(plan.ram > 0);
+    Session a(on);
+    const auto la = a.forward(ex.sequence, true);
+    const auto tel = on->expert_store()->telemetry();
+    CHECK(tel.vram_hits > 0);
+    CHECK(tel.ram_hits > 0);
+    auto off = load(false);
+    Session b(off);
+    const auto lb = b.forward(ex.sequence, true);
+    CHECK(la == lb);
+    const std::vector<int32_t> want(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()),
+                                    ex.sequence.end());
+    Session g(on);
+    CHECK(generate_greedy(g, ex.prompt, static_cast<int64_t>(want.size())) == want);
+    // A device error in the first GPU group: the layer is recomputed on the CPU, the request completes.
+    ::setenv("STRATA_CUDA_FAIL_NEXT", "device", 1);
+    auto failing = load(true);
+    ::unsetenv("STRATA_CUDA_FAIL_NEXT");
+    Session f(failing);
+    CHECK(generate_greedy(f, ex.prompt, static_cast<int64_t>(want.size())) == want);
+    CHECK(failing->expert_store()->telemetry().gpu_fallbacks >= 1);
+  }
+}
+
+TEST_CASE("expert tiers with a GPU: overlap on == off bit for bit, a failed GPU group is recomputed on the CPU") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_store(rec);
   }
 }

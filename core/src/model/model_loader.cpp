@@ -357,11 +357,13 @@ Model::ParamCounts Model::param_counts() const {
                  v(a.q_bias.size() + a.k_bias.size() + a.v_bias.size() + a.q_norm.size() + a.k_norm.size());
     } else {
       const auto& a = L.mla;
-      c.dense += n(a.q) + n(a.q_a) + n(a.q_b) + n(a.kv_a) + n(a.o) + v(a.q_a_norm.size() + a.kv_a_norm.size());
+      c.dense +=
+          n(a.q) + n(a.q_a) + n(a.q_b) + n(a.kv_a) + n(a.o) + v(a.q_a_norm.size() + a.kv_a_norm.size());
       for (size_t h = 0; h < a.k_absorb.size(); ++h) c.dense += n(a.k_absorb[h]) + n(a.v_up[h]);
       if (a.has_indexer) {
         const auto& ix = a.indexer;
-        c.dense += n(ix.wq_b) + n(ix.wk) + v(ix.k_norm_w.size() + ix.k_norm_b.size() + ix.weights_proj.size());
+        c.dense +=
+            n(ix.wq_b) + n(ix.wk) + v(ix.k_norm_w.size() + ix.k_norm_b.size() + ix.weights_proj.size());
       }
     }
     if (!L.moe) {

@@ -15,6 +15,8 @@
 #include <map>
 #include <unordered_map>
 
+#include <unistd.h>
+
 #include "strata/error.hpp"
 #include "strata/model.hpp"
 #include "strata/runtime_config.hpp"
@@ -350,12 +352,33 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
   stats_ = RoutingStats(std::max<int64_t>(s.layers, 1), std::max<int64_t>(s.experts, 1), fp);
   bool have_stats = false;
   if (options.pin != "none") {
-    const fs::path path = options.pin == "auto" ? model.dir() / "strata-routing.stats" : fs::path(options.pin);
+    fs::path path = options.pin;
+    if (options.pin == "auto") {
+      // Beside the model; where that folder is read-only (an installed model), in the user's cache.
+      path = model.dir() / "strata-routing.stats";
+      if (::access(model.dir().c_str(), W_OK) != 0) {
+        const char* xdg = std::getenv("XDG_CACHE_HOME");
+        const char* home = std::getenv("HOME");
+        const fs::path cache = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
+        std::error_code ec;
+        fs::create_directories(cache / "strata", ec);
+        path = cache / "strata" / (fp + ".routing.stats");
+      }
+    }
     plan_.stats_path = path.string();
     if (fs::exists(path)) {
-      stats_ = load_routing_stats(path, fp, stats_.layers, stats_.experts);
-      have_stats = true;
-      s.turn = stats_.turns + 1;
+      try {
+        stats_ = load_routing_stats(path, fp, stats_.layers, stats_.experts);
+        have_stats = true;
+        s.turn = stats_.turns + 1;
+      } catch (const Error& e) {
+        // A file named in the config must be right; the automatic one beside the model is just replaced
+        // (the model's config or weights changed since it was written).
+        if (options.pin != "auto") throw;
+        plan_.warnings.push_back(fmt::format("{}; starting new statistics (the file is replaced at the end of "
+                                             "this turn)",
+                                             e.what()));
+      }
     }
   }
   // Ranked order: the statistics, else a spread (expert 0 of every layer, then expert 1, ...).

@@ -1,5 +1,6 @@
 // Device helpers shared by the kernels: bf16 splitting of f32 values, the operand column order, silu, the
-// gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming loads, bf16x2 fma).
+// gemv activation scaling, the gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming
+// loads, bf16x2 fma).
 //
 // With STRATA_CUDA_EMULATE the same kernel sources compile with g++ and run on the CPU (plugins/cuda/emu): warps
 // as 32 fibers, the warp-collective instructions (mma.sync, shuffles, __syncwarp) emulated from their PTX
@@ -59,9 +60,15 @@ __device__ __forceinline__ int operand_slot(int c) { return (c & ~15) | ((c & 3)
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
+// The gemv kernels' activation scaling: column k of their operands holds x_k · 16^-(k % 4) (a power of two,
+// so exact), which turns each nibble's dequantization into one lop3 and one fadd (gemv_q4.cuh).
+__device__ __forceinline__ float gemv_x_scale(int k) { return __uint_as_float((127u - 4u * (k & 3)) << 23); }
+
 // Writes h for token r, column o (o < the gate rows) into a gate_up item's output operand.
 __device__ __forceinline__ void store_h(const WorkItem& it, int r, int o, float h) {
-  if (it.h_splits > 0) {
+  if (it.h_splits == kGemvSplits) {
+    static_cast<float*>(it.h)[static_cast<int64_t>(r) * it.h_kp + o] = h * gemv_x_scale(o);
+  } else if (it.h_splits > 0) {
     uint16_t* dst = static_cast<uint16_t*>(it.h);
     const int64_t col = operand_slot(o);
     for (int p = 0; p < it.h_splits; ++p) {
@@ -107,6 +114,19 @@ __device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
 #else
   uint2 v;
   asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+#endif
+}
+
+// 16-byte load of streamed weights (the gemv kernels), kept out of L1 as above.
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return __ldg(static_cast<const uint4*>(p));
+#else
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
   return v;
 #endif
 }

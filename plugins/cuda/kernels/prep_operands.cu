@@ -1,5 +1,6 @@
 // Builds the input operands of a batch of work items from f32 activations (gather by row index, bf16 splits in
-// the tensor-core column order, or plain f32 rows for the SIMT kernels) and clears the gate_up output operands.
+// the tensor-core column order, or f32 rows for the SIMT kernels, scaled per column for the gemv kernels) and
+// clears the gate_up output operands.
 #include "device_util.cuh"
 
 namespace strata_cuda {
@@ -29,6 +30,7 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
         const int64_t row = j.rows != nullptr ? j.rows[n] : static_cast<int64_t>(j.row0) + n;
         v = j.x[row * j.x_ld + pos];
       }
+      if (j.splits == kGemvSplits) v *= gemv_x_scale(pos);
       static_cast<float*>(j.dst)[e] = v;
     }
   }

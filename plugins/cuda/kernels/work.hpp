@@ -33,11 +33,14 @@ struct DevMatrix {
 //    in_splits = 1: the value rounded to bf16, the W4A16 mode); columns past n_tok * in_splits are zero. Within
 //    each 16-column chunk the columns are stored 4x4-transposed (slot 4s + t holds column s + 4t), the order in
 //    which a thread feeds them to mma.sync (see tc_q4.cuh).
-//  - SIMT kernels: f32, [n_tok][kp].
+//  - SIMT kernels: f32, [n_tok][kp] (in_splits = 0).
+//  - gemv kernels (int4, exact mode): f32 [n_tok][kp] with column k scaled by 16^-(k % 4) (in_splits =
+//    kGemvSplits; see gemv_x_scale and gemv_q4.cuh).
 // Outputs:
 //  - linear: y[r * y_ld + o] (f32) for r < n_tok, o < rows.
 //  - gate_up: h = silu(gate·x) * (up·x) written as the next stage's input operand: h_splits > 0: the bf16
-//    tensor-core layout with h_splits parts per token, row length h_kp; h_splits == 0: f32 [n_tok][h_kp].
+//    tensor-core layout with h_splits parts per token, row length h_kp; h_splits == 0: f32 [n_tok][h_kp];
+//    h_splits == kGemvSplits: the gemv kernels' scaled f32 [n_tok][h_kp].
 struct WorkItem {
   DevMatrix w0;  // linear: the weight; gate_up: gate
   DevMatrix w1;  // gate_up: up (same shape and format as gate)
@@ -59,7 +62,8 @@ struct PrepJob {
   void* zero;          // NULL or a region of zero_bytes (a multiple of 16) to clear
   int64_t zero_bytes;
   int32_t row0, n_tok, cols, kp;
-  int32_t splits;  // > 0: the bf16 tensor-core layout with this many parts per token; 0: f32 [n_tok][kp]
+  int32_t splits;  // > 0: the bf16 tensor-core layout with this many parts per token; 0: f32 [n_tok][kp];
+                   // kGemvSplits: f32 [n_tok][kp] scaled for the gemv kernels
   int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
@@ -71,6 +75,13 @@ constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
 constexpr int kSimtRowsLinear = 4;
 constexpr int kSimtRowsGateUp = 2;
+// gemv kernels (int4, 1..8 tokens): 4 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs.
+// Their operands are marked by this "splits" value.
+constexpr int kGemvWarps = 4;
+constexpr int kGemvMaxTok = 8;
+constexpr int kGemvRowsLinear = 4;
+constexpr int kGemvRowsGateUp = 2;
+constexpr int kGemvSplits = -1;
 
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
@@ -80,6 +91,11 @@ cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, i
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+// gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
+cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 // SIMT f32 kernels for every format (up to kSimtMaxTok tokens per item).
 cudaError_t launch_gate_up_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);

@@ -1,0 +1,247 @@
+// bench_e2e: end-to-end prefill and greedy decode of a model folder under a runtime config — median tok/s,
+// time to first token, peak RSS next to the model's dense and routed bytes; optional JSON (bench input for
+// the expert tiers, with the synthetic GLM-5 containers of make_synthetic_model).
+//
+// Each repetition is a fresh Session: one prefill batch of --prefill random ids (fixed seed), the argmax of
+// its last logits as the first token, then --decode single-token steps, each fed the previous argmax. The
+// first --warmup repetitions (cold: the weights' pages are read from the file) are reported apart and left
+// out of the medians.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "strata/error.hpp"
+#include "strata/model.hpp"
+#include "strata/registry.hpp"
+#include "strata/runtime_config.hpp"
+#include "strata/safetensors.hpp"
+
+using namespace strata;
+using nlohmann::ordered_json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A field of /proc/self/status in bytes (VmHWM = peak resident set, VmRSS = current); -1 when absent.
+int64_t proc_status_bytes(const std::string& key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;  // "...  kB"
+  }
+  return -1;
+}
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+struct Rep {
+  double ttft_s = 0;     // Session construction + prefill + argmax
+  double prefill_s = 0;  // the prefill forward alone
+  double decode_s = 0;   // the decode steps
+  std::vector<int32_t> tokens;
+  strata::StoreTelemetry tel;  // the decode steps' expert-tier counters
+};
+
+double mib(int64_t b) {
+  return static_cast<double>(b) / 1048576.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_e2e: end-to-end prefill / decode tok/s, TTFT and peak RSS of a model folder"};
+  std::string model_dir, config, json_out;
+  int prefill = 64, decode = 32, reps = 3, warmup = 1, threads = -1;
+  uint64_t seed = 1;
+  app.add_option("--model", model_dir, "model folder (Hugging Face or strata container)")->required();
+  app.add_option("--config", config, "runtime config YAML (default: none = auto)");
+  app.add_option("--prefill", prefill, "prompt tokens, fed as one batch")->capture_default_str();
+  app.add_option("--decode", decode, "greedy decode steps after the prefill")->capture_default_str();
+  app.add_option("--reps", reps, "measured repetitions (medians)")->capture_default_str();
+  app.add_option("--warmup", warmup, "repetitions run first and left out of the medians")
+      ->capture_default_str();
+  app.add_option("--threads", threads, "threads (-1 = the config's scheduler.threads, 0 = all)")
+      ->capture_default_str();
+  app.add_option("--seed", seed, "seed of the random prompt ids")->capture_default_str();
+  app.add_option("--json", json_out, "also write the figures to this JSON file (atomically)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (prefill < 1 || decode < 0 || reps < 1 || warmup < 0)
+      fail("cli", "need --prefill >= 1, --decode >= 0, --reps >= 1, --warmup >= 0");
+
+    // The model and its backends from the config, as the strata commands load them (app/commands.cpp load()).
+    RuntimeConfig cfg = config.empty() ? RuntimeConfig{} : load_runtime_config(config);
+    if (threads >= 0) cfg.scheduler.threads = threads;
+    PluginRegistry reg(plugin_search_path(cfg.plugins.path));
+    const auto t_load = Clock::now();
+    LoadOptions lo;
+    lo.store = StoreOptions::from(cfg);  // the expert tiers, as the strata commands load them
+    std::shared_ptr<Model> model = Model::load(model_dir, choose_backends(reg, cfg), lo);
+    ExpertStore* store = model->expert_store();
+    if (store) fmt::print("{}\n", store->plan_text());
+    const double load_s = seconds_since(t_load);
+    const int64_t rss_loaded = proc_status_bytes("VmRSS");
+    const ModelSpec& spec = model->spec();
+    const auto pc = model->param_counts();
+    std::vector<std::string> expert_backends;
+    for (const auto& b : model->backends().experts) expert_backends.emplace_back(b->name());
+
+    std::vector<int32_t> ids(static_cast<size_t>(prefill));
+    uint64_t x = seed;
+    for (auto& id : ids) id = static_cast<int32_t>(splitmix64(x) % static_cast<uint64_t>(spec.vocab));
+
+    fmt::print("model {} ({}, {} layers, {} experts top-{}); dense={} experts={}; threads {}\n", model_dir,
+               spec.model_type, spec.n_layers, spec.n_experts, spec.top_k, model->backends().dense->name(),
+               fmt::join(expert_backends, ","), cfg.scheduler.threads);
+    fmt::print(
+        "weights: dense {:.1f} MiB ({} parameters), routed {:.1f} MiB ({} parameters, {:.2f} MiB per "
+        "expert); loaded in {:.2f} s, RSS after load {:.1f} MiB\n",
+        mib(static_cast<int64_t>(pc.dense_bytes)), pc.dense, mib(static_cast<int64_t>(pc.routed_bytes)),
+        pc.routed, mib(static_cast<int64_t>(pc.per_expert_bytes)), load_s, mib(rss_loaded));
+
+    std::vector<Rep> runs;
+    size_t kv_bytes = 0;
+    for (int r = 0; r < warmup + reps; ++r) {
+      Rep rep;
+      const auto t0 = Clock::now();
+      Session s(model, cfg.scheduler.threads);
+      const auto t1 = Clock::now();
+      int32_t tok = argmax(s.forward(ids, false));
+      rep.ttft_s = seconds_since(t0);
+      rep.prefill_s = seconds_since(t1);
+      rep.tokens.push_back(tok);
+      const StoreTelemetry before = store ? store->telemetry() : StoreTelemetry{};
+      const auto t2 = Clock::now();
+      for (int i = 0; i < decode; ++i) {
+        tok = argmax(s.forward(std::span<const int32_t>(&tok, 1), false));
+        rep.tokens.push_back(tok);
+      }
+      rep.decode_s = seconds_since(t2);
+      if (store) {
+        rep.tel = store->telemetry() - before;
+        store->end_turn();
+      }
+      kv_bytes = s.kv_bytes();
+      fmt::print("{} {}: TTFT {:.1f} ms, prefill {:.1f} tok/s, decode {:.2f} tok/s ({:.1f} ms/token)\n",
+                 r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1, rep.ttft_s * 1e3,
+                 prefill / rep.prefill_s, decode > 0 ? decode / rep.decode_s : 0.0,
+                 decode > 0 ? rep.decode_s / decode * 1e3 : 0.0);
+      if (store && decode > 0) {
+        const StoreTelemetry& t = rep.tel;
+        const double n = decode;
+        fmt::print("  decode per token: MoE layers {:.2f} ms (CPU rows {:.2f} ms, GPU issue {:.2f} ms, GPU take "
+                   "wait {:.2f} ms, disk wait {:.2f} ms); hits vram {} ram {} cache {} disk {}; {:.1f} MiB read\n",
+                   t.layer_s / n * 1e3, t.cpu_rows_s / n * 1e3, t.gpu_issue_s / n * 1e3, t.take_s / n * 1e3,
+                   t.disk_wait_s / n * 1e3, t.vram_hits, t.ram_hits, t.cache_hits, t.disk_reads,
+                   static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0));
+      }
+      runs.push_back(std::move(rep));
+    }
+    bool same_tokens = true;
+    for (const Rep& r : runs) same_tokens = same_tokens && r.tokens == runs.front().tokens;
+
+    std::vector<double> ttft, pre_tps, dec_tps;
+    for (int r = warmup; r < warmup + reps; ++r) {
+      const Rep& rep = runs[static_cast<size_t>(r)];
+      ttft.push_back(rep.ttft_s);
+      pre_tps.push_back(prefill / rep.prefill_s);
+      if (decode > 0) dec_tps.push_back(decode / rep.decode_s);
+    }
+    const int64_t hwm = proc_status_bytes("VmHWM"), rss = proc_status_bytes("VmRSS");
+    const double ttft_ms = median(ttft) * 1e3, pre = median(pre_tps),
+                 dec = decode > 0 ? median(dec_tps) : 0.0;
+    fmt::print(
+        "median of {}: prefill {} tokens {:.1f} tok/s, decode {} tokens {:.2f} tok/s, TTFT {:.1f} ms\n", reps,
+        prefill, pre, decode, dec, ttft_ms);
+    fmt::print(
+        "memory: peak RSS (VmHWM) {:.1f} MiB, RSS now {:.1f} MiB; weights dense {:.1f} + routed {:.1f} = "
+        "{:.1f} MiB; KV cache {:.1f} MiB\n",
+        mib(hwm), mib(rss), mib(static_cast<int64_t>(pc.dense_bytes)),
+        mib(static_cast<int64_t>(pc.routed_bytes)),
+        mib(static_cast<int64_t>(pc.dense_bytes + pc.routed_bytes)), mib(static_cast<int64_t>(kv_bytes)));
+    fmt::print("greedy tokens {}: {}\n",
+               same_tokens ? "(identical in every repetition)" : "(DIFFER between repetitions)",
+               fmt::join(runs.back().tokens, ","));
+
+    if (!json_out.empty()) {
+      ordered_json per_rep = ordered_json::array();
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const Rep& rep = runs[r];
+        per_rep.push_back({{"warmup", static_cast<int>(r) < warmup},
+                           {"ttft_ms", rep.ttft_s * 1e3},
+                           {"prefill_s", rep.prefill_s},
+                           {"decode_s", rep.decode_s},
+                           {"prefill_tok_s", prefill / rep.prefill_s},
+                           {"decode_tok_s", decode > 0 ? decode / rep.decode_s : 0.0},
+                           {"decode_moe_layers_s", rep.tel.layer_s},
+                           {"decode_cpu_rows_s", rep.tel.cpu_rows_s},
+                           {"decode_gpu_take_wait_s", rep.tel.take_s},
+                           {"decode_disk_wait_s", rep.tel.disk_wait_s},
+                           {"decode_hits", {rep.tel.vram_hits, rep.tel.ram_hits, rep.tel.cache_hits, rep.tel.disk_reads}},
+                           {"decode_disk_bytes", rep.tel.disk_bytes}});
+      }
+      const ordered_json j = {
+          {"model", model_dir},
+          {"model_type", spec.model_type},
+          {"config", config},
+          {"backends",
+           {{"dense", std::string(model->backends().dense->name())}, {"experts", expert_backends}}},
+          {"threads", cfg.scheduler.threads},
+          {"prefill_tokens", prefill},
+          {"decode_tokens", decode},
+          {"reps", reps},
+          {"warmup", warmup},
+          {"seed", seed},
+          {"load_s", load_s},
+          {"prefill_tok_s_median", pre},
+          {"decode_tok_s_median", dec},
+          {"ttft_ms_median", ttft_ms},
+          {"peak_rss_bytes", hwm},
+          {"rss_after_load_bytes", rss_loaded},
+          {"rss_end_bytes", rss},
+          {"dense_bytes", pc.dense_bytes},
+          {"routed_bytes", pc.routed_bytes},
+          {"per_expert_bytes", pc.per_expert_bytes},
+          {"dense_params", pc.dense},
+          {"routed_params", pc.routed},
+          {"kv_bytes", kv_bytes},
+          {"tokens_identical", same_tokens},
+          {"tokens", runs.back().tokens},
+          {"runs", per_rep}};
+      const std::string text = j.dump(2) + "\n";
+      write_file_atomic(json_out, std::as_bytes(std::span<const char>(text.data(), text.size())));
+      fmt::print("wrote {}\n", json_out);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "strata: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# One device call for the GPU plugin and the expert tiers: test_cuda on the real GPU, the decode kernel
+# benchmark, a memcheck of the gemv kernels, and bench_e2e on a synthetic GLM-5.2-shaped model for every
+# placement (all RAM, 0/25/50/75/100 % of the experts in VRAM, overlap off, streamed from disk).
+#
+#   Here:   tools/device/cuda_check.sh bundle && cmake --build build-cuda --target bench_e2e make_synthetic_model
+#           && tools/device/bundle.sh build-cuda build-cuda/bundle   (then trim: see docs/device-runs/README)
+#   There:  run(command="tools/device/phase3_check.sh", carry=["build-cuda/bundle"])
+# Logs go to $OUT (summary.txt is printed last). BUDGET (seconds, default 560) bounds the whole script.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+b=build-cuda/bundle
+export LD_LIBRARY_PATH="$PWD/$b/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STRATA_FIXTURES_DIR="$PWD/tests/fixtures" STRATA_CUDA_NO_EMU=1 STRATA_CUDA_REQUIRE=1
+out=${OUT:-/tmp/phase3}
+mkdir -p "$out"
+t0=$(date +%s)
+budget=${BUDGET:-560}
+left() { echo $((budget - ($(date +%s) - t0))); }
+summary="$out/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+{ date -u; git log -1 --format='commit %H %s' 2>/dev/null; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.total --format=csv; nproc; free -g; df -h /tmp | tail -1; } > "$out/env.txt" 2>&1
+
+# 1. The plugin's tests on the GPU (conformance, gemv prefill == decode, memory, async, failures, fixtures,
+#    expert tiers with the GPU).
+timeout 200 "$b/bin/test_cuda" --duration=true > "$out/test_cuda.log" 2>&1
+note "test_cuda: exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/test_cuda.log" | tr '\n' ' ')"
+grep -E "ERROR|FAILED|FATAL" "$out/test_cuda.log" | head -8 | tee -a "$summary"
+
+# 2. Decode kernels: GLM-5.2 layer 1-8 rows, projection shape, gemv vs tensor cores.
+timeout 120 "$b/bin/bench_cuda" --decode --rounds 9 > "$out/bench_cuda.log" 2>&1
+note "bench_cuda --decode: exit $?"
+grep -E "GLM|glm|%|floor" "$out/bench_cuda.log" | head -40 >> "$summary"
+
+# 3. The expert tiers end to end on a synthetic GLM-5.2-shaped container (1 dense + 2 MoE layers).
+synth=/tmp/synth-glm52
+if [ "$(left)" -gt 150 ]; then
+  timeout 120 "$b/bin/make_synthetic_model" --out "$synth" --layers 3 --vocab 32000 --force > "$out/synth.log" 2>&1
+  note "make_synthetic_model: exit $?; $(tail -1 "$out/synth.log")"
+  routed_gib=$(python3 -c "import json,os;m=json.load(open('$synth/model.safetensors.index.json'));print(2*256*21.23e6/2**30)")
+  cfgs=/tmp/cfgs; mkdir -p $cfgs
+  printf 'backends:\n  experts: [auto]\nmemory:\n  pin: none\n' > $cfgs/ram.yaml
+  for share in 0 25 50 75 100; do
+    gb=$(python3 -c "print(round($routed_gib*$share/100*1.02, 3))")
+    printf 'backends:\n  experts: [cuda]\nmemory:\n  vram_gb: %s\n  pin: none\n' "$gb" > $cfgs/vram$share.yaml
+  done
+  printf 'backends:\n  experts: [cuda]\nmemory:\n  vram_gb: %s\n  pin: none\nscheduler:\n  overlap: false\n' \
+    "$(python3 -c "print(round($routed_gib*0.5*1.02, 3))")" > $cfgs/vram50-serial.yaml
+  printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\n' > $cfgs/disk.yaml
+  for c in ram vram0 vram25 vram50 vram75 vram100 vram50-serial disk; do
+    [ "$(left)" -lt 25 ] && { note "e2e $c: skipped (time)"; continue; }
+    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/$c.yaml --prefill 32 --decode 16 \
+      --reps 2 --warmup 1 --json "$out/e2e-$c.json" > "$out/e2e-$c.log" 2>&1
+    note "e2e $c: exit $?; $(grep -E '^median' "$out/e2e-$c.log")"
+    grep -E "decode per token" "$out/e2e-$c.log" | tail -1 | tee -a "$summary"
+    grep -E "peak RSS" "$out/e2e-$c.log" | tee -a "$summary"
+  done
+  tar czf "$out/e2e-logs.tgz" -C "$out" $(cd "$out" && ls e2e-* synth.log 2>/dev/null) 2>/dev/null && rm -f "$out"/e2e-*.log "$out"/e2e-*.json
+fi
+
+# 4. memcheck of the gemv kernels and the tier case, if time is left.
+if command -v compute-sanitizer > /dev/null && [ "$(left)" -gt 60 ]; then
+  timeout $(( $(left) - 10 )) compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
+    "$b/bin/test_cuda" -tc='*gemv*,*expert tiers*' > "$out/memcheck.log" 2>&1
+  note "memcheck (gemv, tiers): exit $?; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+fi
+note "total $(( $(date +%s) - t0 )) s"
+cat "$summary"
