@@ -443,6 +443,20 @@ class Server {
       metric("strata_active_sequences", "gauge", "sequences being decoded", s.active);
       metric("strata_decode_tokens_per_second", "gauge", "tokens per second of the last batched decode step",
              s.decode_tok_per_s);
+      if (const ExpertStore* st = e->model().expert_store()) {
+        const StoreTelemetry t = st->telemetry();
+        const std::pair<const char*, uint64_t> hits[] = {
+            {"vram", t.vram_hits}, {"ram", t.ram_hits}, {"cache", t.cache_hits}, {"disk", t.disk_reads}};
+        out += "# HELP strata_expert_uses_total routed (layer, expert) uses by the tier that served them\n"
+               "# TYPE strata_expert_uses_total counter\n";
+        for (const auto& [tier, n] : hits) out += fmt::format("strata_expert_uses_total{{tier=\"{}\"}} {}\n", tier, n);
+        metric("strata_expert_disk_bytes_total", "counter", "bytes of expert weights read from disk",
+               static_cast<double>(t.disk_bytes));
+        metric("strata_expert_gpu_fallbacks_total", "counter", "GPU expert groups recomputed on the CPU",
+               static_cast<double>(t.gpu_fallbacks));
+        metric("strata_moe_layer_seconds_total", "counter", "time in routed-expert layers",
+               t.layer_s);
+      }
     }
     res.set_content(out, "text/plain; version=0.0.4");
   }

@@ -180,6 +180,10 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(st, 200)
         self.assertIn("strata_requests_total", text)
         self.assertIn("strata_generated_tokens_total", text)
+        # The expert tiers: the chat model's experts are used from the mapped checkpoint (tier "ram").
+        ram = [l for l in text.splitlines() if l.startswith('strata_expert_uses_total{tier="ram"}')]
+        self.assertEqual(len(ram), 1, text)
+        self.assertGreater(float(ram[0].split()[-1]), 0)
 
 
 class SlotTest(unittest.TestCase):
