@@ -29,6 +29,8 @@ struct StoreOptions {
   double reserve_gb = 1.0;
   std::string pin = "auto";  // auto (statistics beside the model) | none | a statistics file
   ReaderOptions reader;      // disk reads (queue depth, O_DIRECT, engine)
+  // pin none also freezes the placement: no statistics are read or saved and end_turn moves nothing, so the
+  // same prompt gives the same bits whatever ran before.
   bool overlap = true;       // false: the same work one part after the other (A/B)
   static StoreOptions from(const RuntimeConfig& config);
 };
@@ -95,6 +97,7 @@ class ExpertStore {
   std::string plan_text() const;
   StoreTelemetry telemetry() const;
   Tier tier_of(int64_t layer, int64_t expert) const;
+  int64_t pinned_slots() const;  // cache slots in use (0 between layers; tests check it)
   const RoutingStats& stats() const { return stats_; }
 
  private:

@@ -310,15 +310,27 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
   // Backends: routed rows on the CPU go to the first chosen expert backend without device memory (else the
   // dense backend); a chosen expert backend with device memory and async groups is the GPU tier.
   const Backends& b = model.backends();
-  s.cpu = b.dense.get();
-  for (const auto& e : b.experts) {
-    if (!e->has_device_memory()) {
-      s.cpu = e.get();
+  WeightFormat fmt0 = WeightFormat::F32;
+  for (const auto& L : model.layers()) {
+    if (L.moe && !L.experts.experts.empty()) {
+      fmt0 = L.experts.experts[0].gate.format;
       break;
     }
   }
   for (const auto& e : b.experts) {
-    if (e->has_device_memory() && e->has_async()) {
+    if (!e->has_device_memory() && e->supports_expert_group(fmt0)) {
+      s.cpu = e.get();
+      break;
+    }
+  }
+  if (s.cpu == nullptr) s.cpu = b.dense.get();
+  if (s.cpu->has_device_memory()) {
+    plan_.warnings.push_back(fmt::format("no CPU backend among the chosen ones: experts outside VRAM run on {} "
+                                         "from host memory, and a failed GPU group is retried there",
+                                         s.cpu->name()));
+  }
+  for (const auto& e : b.experts) {
+    if (e->has_device_memory() && e->has_async() && e.get() != s.cpu) {
       s.gpu = e.get();
       break;
     }
@@ -483,16 +495,16 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
     for (auto [l, e] : order) {
       Entry& en = s.entry(l, e);
       if (en.tier == Tier::kVram) continue;
-      if (en.buffer_bytes > pin_budget) break;
-      en.pinned = alloc_pages(en.buffer_bytes);
+      if (slot > pin_budget) break;
+      en.pinned = alloc_pages(slot);  // every pinned buffer can hold any expert (re-placement reuses them)
       s.read_now(en, en.pinned.get());
       en.pinned_view = s.view_in(en, en.pinned.get());
       en.tier = Tier::kRam;
-      pin_budget -= en.buffer_bytes;
+      pin_budget -= slot;
       ++plan_.ram;
     }
     uint64_t pinned_bytes = 0;
-    for (auto [l, e] : all) pinned_bytes += s.entry(l, e).pinned ? s.entry(l, e).buffer_bytes : 0;
+    for (auto [l, e] : all) pinned_bytes += s.entry(l, e).pinned ? slot : 0;
     const uint64_t cache_bytes = plan_.ram_budget > pinned_bytes ? plan_.ram_budget - pinned_bytes : 0;
     // At least a few slots so reads and CPU rows overlap even in pure streaming (budget < one expert).
     const int64_t n_slots = std::max<int64_t>(static_cast<int64_t>(cache_bytes / slot), 4);
@@ -506,6 +518,7 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
 ExpertStore::~ExpertStore() = default;
 
 Tier ExpertStore::tier_of(int64_t layer, int64_t expert) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->entries[static_cast<size_t>(layer * impl_->experts + expert)].tier;
 }
 
@@ -573,6 +586,19 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   std::vector<const ExpertMatrices*> gpu_host;  // the host views of gpu_tasks' experts (CPU recompute)
   std::vector<int32_t> hit_slots;
   std::vector<const Work*> misses;
+  if (layer < 0 || layer >= s.layers || !s.model.layers()[static_cast<size_t>(layer)].moe) {
+    fail(kComp, "run_layer: layer {} has no routed experts", layer);
+  }
+  std::vector<bool> seen(static_cast<size_t>(s.experts), false);
+  for (const Work& w : work) {
+    if (w.expert < 0 || w.expert >= s.experts || seen[static_cast<size_t>(w.expert)]) {
+      fail(kComp, "run_layer: expert {} of layer {} is out of range or listed twice", w.expert, layer);
+    }
+    seen[static_cast<size_t>(w.expert)] = true;
+    if (!w.rows.empty() && s.entry(layer, w.expert).tier == Tier::kDisk && s.entry(layer, w.expert).runs.empty()) {
+      fail(kComp, "internal: expert {} of layer {} is on disk but has no file ranges", w.expert, layer);
+    }
+  }
   for (const Work& w : work) {
     if (w.rows.empty()) continue;
     Entry& en = s.entry(layer, w.expert);
@@ -638,8 +664,23 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     }
   };
 
-  // 1. GPU group, issued without waiting (serially: issued and taken now).
+  // Whatever fails below (a read, a CPU group, the shared expert, a GPU fallback), the layer leaves the store
+  // consistent: reads drained, graph tasks finished, no slot left pinned, no slot holding a partial read.
   PendingGroup pending;
+  auto cleanup = [&] {
+    try {
+      while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
+    } catch (...) {
+    }
+    try {
+      g.wait_for_all();
+    } catch (...) {
+    }
+    pending.discard();
+    for (auto& sl : s.slots) sl.pins = 0;
+  };
+  try {
+  // 1. GPU group, issued without waiting (serially: issued and taken now).
   auto recompute_gpu_on_cpu = [&](const std::string& why) {
     if (!s.gpu_warned) {
       fmt::print(stderr, "strata: warning: GPU expert group failed ({}); recomputing it on the CPU\n", why);
@@ -727,6 +768,9 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
             wait_one();
           } else {
             g.wait_for_all();
+            if (cpu_error) std::rethrow_exception(cpu_error);
+            sl = free_slot();
+            if (sl < 0) fail(kComp, "internal: every expert cache slot is in use with nothing in flight");
           }
           sl = free_slot();
         }
@@ -788,7 +832,18 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     s.tel.take_s += seconds_since(t0);
   }
   if (cpu_error) std::rethrow_exception(cpu_error);
+  } catch (...) {
+    cleanup();
+    throw;
+  }
   s.tel.layer_s += seconds_since(t_layer);
+}
+
+int64_t ExpertStore::pinned_slots() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  int64_t n = 0;
+  for (const auto& sl : impl_->slots) n += sl.pins > 0 ? 1 : 0;
+  return n;
 }
 
 // ---- between turns ------------------------------------------------------------------------------------
@@ -798,17 +853,38 @@ void ExpertStore::end_turn() {
   std::lock_guard<std::mutex> lock(s.mu);
   stats_.turns = std::max(stats_.turns, s.turn);
   ++s.turn;
+  if (s.options.pin == "none") return;  // fixed placement: nothing moves, nothing is saved
   // Re-placement with hysteresis: a candidate replaces the weakest member of a tier only when it was routed
-  // clearly more often (25 % and 2 tokens more); at most 16 moves per tier per turn.
+  // clearly more often (25 % and 2 tokens more); at most 16 moves per tier per turn. Every move first makes
+  // the new copy (which may fail: a read error, out of memory) and only then changes the two entries, so a
+  // failure leaves the store as it was.
   auto count = [&](int64_t key) { return stats_.count[static_cast<size_t>(key)]; };
-  auto rebalance = [&](Tier tier, bool (*eligible)(const Entry&)) {
-    std::vector<int64_t> members, candidates;
+  auto release_slot = [&](Entry& en) {
+    if (en.tier == Tier::kCache) {
+      s.slots[static_cast<size_t>(en.slot)].key = -1;
+      en.slot = -1;
+      en.tier = Tier::kDisk;
+    }
+  };
+  // Where an expert goes when it leaves a tier: RAM when its bytes are not streamable (memory made at load)
+  // or the plan maps everything, else disk.
+  auto demoted_tier = [&](const Entry& en) {
+    return plan_.mapped || en.runs.empty() || en.pinned ? Tier::kRam : Tier::kDisk;
+  };
+  auto ranked_keys = [&] {
+    std::vector<int64_t> keys;
     for (auto [l, e] : stats_.ranked()) {
-      if (l >= s.layers || !s.model.layers()[static_cast<size_t>(l)].moe) continue;
-      const int64_t key = l * s.experts + e;
+      if (l < s.layers && s.model.layers()[static_cast<size_t>(l)].moe) keys.push_back(l * s.experts + e);
+    }
+    return keys;
+  };
+  if (!plan_.mapped) {
+    // The pinned set (kRam with a pinned copy).
+    std::vector<int64_t> members, candidates;
+    for (int64_t key : ranked_keys()) {
       const Entry& en = s.entries[static_cast<size_t>(key)];
-      if (en.tier == tier && eligible(en)) members.push_back(key);
-      if (en.tier != tier && en.tier != Tier::kVram && !en.runs.empty()) candidates.push_back(key);
+      if (en.tier == Tier::kRam && en.pinned) members.push_back(key);
+      if ((en.tier == Tier::kCache || en.tier == Tier::kDisk) && !en.runs.empty()) candidates.push_back(key);
     }
     int moves = 0;
     for (int64_t cand : candidates) {
@@ -817,32 +893,24 @@ void ExpertStore::end_turn() {
       if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
       Entry& in = s.entries[static_cast<size_t>(cand)];
       Entry& out = s.entries[static_cast<size_t>(weak)];
-      if (tier == Tier::kRam) {
-        // The pinned buffer moves to the candidate; the old member goes back to streaming.
-        if (in.tier == Tier::kCache) {
-          s.slots[static_cast<size_t>(in.slot)].key = -1;
-          in.slot = -1;
-        }
-        in.pinned = std::move(out.pinned);
-        if (in.buffer_bytes > out.buffer_bytes) in.pinned = alloc_pages(in.buffer_bytes);
-        s.read_now(in, in.pinned.get());
-        in.pinned_view = s.view_in(in, in.pinned.get());
-        in.tier = Tier::kRam;
-        out.tier = Tier::kDisk;
-      }
+      // The member's buffer (slot-sized, so it fits any expert) takes the candidate's bytes; a failed read
+      // leaves both as they were except the member, which then streams.
+      Buffer buf = std::move(out.pinned);
+      out.tier = Tier::kDisk;
       members.pop_back();
       ++moves;
+      s.read_now(in, buf.get());
+      release_slot(in);
+      in.pinned = std::move(buf);
+      in.pinned_view = s.view_in(in, in.pinned.get());
+      in.tier = Tier::kRam;
     }
-  };
-  if (!plan_.mapped) {
-    rebalance(Tier::kRam, [](const Entry& en) { return static_cast<bool>(en.pinned); });
   }
-  // VRAM re-placement: upload the candidate from the mapping, free the weakest (same bytes per expert).
+  // VRAM: upload the candidate, then free the weakest member (same bytes per expert). A pinned candidate hands
+  // its pinned buffer to the member it replaces when that member is streamable, so the pinned bytes stay put.
   if (s.gpu != nullptr && plan_.vram > 0) {
     std::vector<int64_t> members, candidates;
-    for (auto [l, e] : stats_.ranked()) {
-      if (l >= s.layers || !s.model.layers()[static_cast<size_t>(l)].moe) continue;
-      const int64_t key = l * s.experts + e;
+    for (int64_t key : ranked_keys()) {
       (s.entries[static_cast<size_t>(key)].tier == Tier::kVram ? members : candidates).push_back(key);
     }
     int moves = 0;
@@ -852,22 +920,36 @@ void ExpertStore::end_turn() {
       if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
       Entry& in = s.entries[static_cast<size_t>(cand)];
       Entry& out = s.entries[static_cast<size_t>(weak)];
-      out.resident.clear();
+      // Free the member first (VRAM holds no spare expert), then upload; a failed upload leaves the candidate
+      // where it was and the tier one expert smaller, with a warning.
+      std::vector<ResidentMatrix> old = std::move(out.resident);
+      old.clear();
       out.tier = Tier::kDisk;
-      if (plan_.mapped) out.tier = Tier::kRam;
-      if (in.tier == Tier::kCache) {
-        s.slots[static_cast<size_t>(in.slot)].key = -1;
-        in.slot = -1;
-      }
-      try {
-        s.upload(in);
-        in.tier = Tier::kVram;
-      } catch (const Error&) {
-        in.tier = plan_.mapped ? Tier::kRam : Tier::kDisk;
-        break;
+      if (in.pinned && !out.runs.empty()) {
+        try {
+          s.read_now(out, in.pinned.get());
+          out.pinned = std::move(in.pinned);
+          out.pinned_view = s.view_in(out, out.pinned.get());
+          out.tier = Tier::kRam;
+        } catch (const std::exception&) {
+          out.tier = demoted_tier(out);
+        }
+      } else {
+        out.tier = demoted_tier(out);
       }
       members.pop_back();
       ++moves;
+      try {
+        s.upload(in);
+      } catch (const std::exception& e) {
+        plan_.warnings.push_back(fmt::format("re-placement: an upload to {} failed ({}); VRAM holds one expert "
+                                             "fewer",
+                                             s.gpu->name(), e.what()));
+        continue;
+      }
+      release_slot(in);
+      in.pinned.reset();
+      in.tier = Tier::kVram;
     }
   }
   if (!plan_.stats_path.empty()) {
