@@ -70,3 +70,27 @@ TEST_CASE("errors name the file, the line and what was expected") {
   CHECK_THROWS_WITH_AS(load_runtime_config("/nonexistent/strata.yaml"), doctest::Contains("cannot open"),
                        Error);
 }
+
+TEST_CASE("the disk section: direct_io true/false/auto, queue depth, engine; bad values name the key") {
+  const auto cfg = parse_runtime_config("disk:\n  direct_io: true\n  queue_depth: 64\n  engine: pread\n", "d.yaml");
+  CHECK(cfg.disk.direct_io == "true");
+  CHECK(cfg.disk.queue_depth == 64);
+  CHECK(cfg.disk.engine == "pread");
+  CHECK(parse_runtime_config("disk:\n  direct_io: auto\n", "d.yaml").disk.direct_io == "auto");
+  CHECK(parse_runtime_config("disk:\n  direct_io: false\n", "d.yaml").disk.direct_io == "false");
+  const RuntimeConfig def;
+  CHECK(def.disk.direct_io == "auto");
+  CHECK(def.disk.queue_depth == 32);
+  for (const char* bad : {"disk:\n  queue_depth: 0\n", "disk:\n  queue_depth: 2.5\n", "disk:\n  engine: aio\n",
+                          "disk:\n  direct_io: sometimes\n", "disk:\n  prefetch: true\n"}) {
+    CAPTURE(bad);
+    try {
+      (void)parse_runtime_config(bad, "d.yaml");
+      FAIL("accepted");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("d.yaml:2") != std::string::npos);
+      CHECK(m.find("disk.") != std::string::npos);
+    }
+  }
+}
