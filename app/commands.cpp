@@ -100,6 +100,7 @@ nlohmann::json telemetry_json(const StoreTelemetry& t) {
   return {{"hits", {{"vram", t.vram_hits}, {"ram", t.ram_hits}, {"cache", t.cache_hits}, {"disk", t.disk_reads}}},
           {"disk_bytes", t.disk_bytes},
           {"gpu_fallbacks", t.gpu_fallbacks},
+          {"prefetch", {{"reads", t.prefetch_reads}, {"hits", t.prefetch_hits}, {"recall", t.prefetch_recall()}}},
           {"seconds",
            {{"moe_layers", t.layer_s},
             {"gpu_issue", t.gpu_issue_s},

@@ -157,10 +157,11 @@ int main(int argc, char** argv) {
         const StoreTelemetry& t = rep.tel;
         const double n = decode;
         fmt::print("  decode per token: MoE layers {:.2f} ms (CPU rows {:.2f} ms, GPU issue {:.2f} ms, GPU take "
-                   "wait {:.2f} ms, disk wait {:.2f} ms); hits vram {} ram {} cache {} disk {}; {:.1f} MiB read\n",
+                   "wait {:.2f} ms, disk wait {:.2f} ms); hits vram {} ram {} cache {} disk {}; {:.1f} MiB read; "
+                   "prefetch {} read ahead, recall {:.2f}\n",
                    t.layer_s / n * 1e3, t.cpu_rows_s / n * 1e3, t.gpu_issue_s / n * 1e3, t.take_s / n * 1e3,
                    t.disk_wait_s / n * 1e3, t.vram_hits, t.ram_hits, t.cache_hits, t.disk_reads,
-                   static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0));
+                   static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0), t.prefetch_reads, t.prefetch_recall());
       }
       runs.push_back(std::move(rep));
     }

@@ -144,7 +144,7 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
     }
   }
   if (auto s = root["scheduler"]) {
-    check_keys(c, s, "scheduler", {"threads", "overlap"});
+    check_keys(c, s, "scheduler", {"threads", "overlap", "prefetch"});
     if (auto t = s["threads"]) {
       const double v = as_number(c, t, "scheduler.threads");
       if (v < 0 || v != static_cast<int>(v)) {
@@ -153,6 +153,7 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
       cfg.scheduler.threads = static_cast<int>(v);
     }
     if (auto o = s["overlap"]) cfg.scheduler.overlap = as_bool(c, o, "scheduler.overlap");
+    if (auto o = s["prefetch"]) cfg.scheduler.prefetch = as_bool(c, o, "scheduler.prefetch");
   }
   return cfg;
 }

@@ -100,6 +100,16 @@ TEST_CASE("streamed experts equal mapped experts bit for bit, whatever the overl
     CHECK(bitwise_equal(run(dir, o, 2).logits, ref.logits));
     o.reader.direct = DirectIo::kOn;
     CHECK(bitwise_equal(run(dir, o).logits, ref.logits));
+    // Router look-ahead prefetch: only the cache changes.
+    StoreOptions pf = streaming(0.0);
+    pf.prefetch = true;
+    const Run p = run(dir, pf, 0, 2);
+    CHECK(bitwise_equal(p.logits, ref.logits));
+    CHECK(p.tel.prefetch_reads > 0);
+    MESSAGE(std::string(fixture) << ": prefetch recall " << p.tel.prefetch_recall() << " (" << p.tel.prefetch_hits << " hits, "
+                    << p.tel.disk_reads << " misses, " << p.tel.prefetch_reads << " read ahead)");
+    pf.overlap = false;
+    CHECK(bitwise_equal(run(dir, pf, 1).logits, ref.logits));
     // A cache that holds about half the experts: hits and misses mixed.
     LoadOptions lo;
     auto probe = Model::load(dir, backends_named(), lo);

@@ -48,7 +48,8 @@ if [ "$(left)" -gt 150 ]; then
   printf 'backends:\n  experts: [cuda]\nmemory:\n  vram_gb: %s\n  pin: none\nscheduler:\n  overlap: false\n' \
     "$(python3 -c "print(round($routed_gib*0.5*1.02, 3))")" > $cfgs/vram50-serial.yaml
   printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\n' > $cfgs/disk.yaml
-  for c in ram vram100 vram50 vram50-serial disk vram25 vram75 vram0; do
+  printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\nscheduler:\n  prefetch: true\n' > $cfgs/disk-prefetch.yaml
+  for c in ram vram100 vram50 vram50-serial disk disk-prefetch vram25 vram75 vram0; do
     [ "$(left)" -lt 25 ] && { note "e2e $c: skipped (time)"; continue; }
     timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/$c.yaml --prefill 32 --decode 16 \
       --reps 2 --warmup 1 --json "$out/e2e-$c.json" > "$out/e2e-$c.log" 2>&1

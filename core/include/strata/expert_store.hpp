@@ -32,6 +32,7 @@ struct StoreOptions {
   // pin none also freezes the placement: no statistics are read or saved and end_turn moves nothing, so the
   // same prompt gives the same bits whatever ran before.
   bool overlap = true;       // false: the same work one part after the other (A/B)
+  bool prefetch = false;     // router look-ahead: read the next layer's likely experts during this one
   static StoreOptions from(const RuntimeConfig& config);
 };
 
@@ -49,6 +50,13 @@ struct StoreTelemetry {
   uint64_t vram_hits = 0, ram_hits = 0, cache_hits = 0, disk_reads = 0;  // (layer, expert) uses by tier
   uint64_t disk_bytes = 0;
   uint64_t gpu_fallbacks = 0;  // GPU groups recomputed on the CPU after a device error
+  uint64_t prefetch_reads = 0;  // experts read ahead by the router look-ahead
+  uint64_t prefetch_hits = 0;   // routed experts found in the cache because they were read ahead
+  // Recall of the look-ahead: routed experts that were read ahead / those that had to come from disk.
+  double prefetch_recall() const {
+    const double need = static_cast<double>(prefetch_hits + disk_reads);
+    return need > 0 ? static_cast<double>(prefetch_hits) / need : 0.0;
+  }
   double gpu_issue_s = 0, cpu_rows_s = 0, disk_wait_s = 0, take_s = 0, layer_s = 0;
   StoreTelemetry operator-(const StoreTelemetry& o) const;
 };
@@ -101,6 +109,7 @@ class ExpertStore {
   const RoutingStats& stats() const { return stats_; }
 
  private:
+  void issue_prefetch(int64_t layer, const float* x, int64_t T);
   struct Entry;
   struct Slot;
   struct Impl;

@@ -30,6 +30,7 @@ struct RuntimeConfig {
   struct Scheduler {
     int threads = 0;  // 0 = all hardware threads
     bool overlap = true;
+    bool prefetch = false;  // router look-ahead reads of the next layer's experts (expert tiers, streaming)
   } scheduler;
 
   std::filesystem::path source;  // the file it was read from (empty for defaults)

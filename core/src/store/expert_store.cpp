@@ -7,6 +7,8 @@
 #include <tbb/flow_graph.h>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -92,6 +94,8 @@ StoreTelemetry StoreTelemetry::operator-(const StoreTelemetry& o) const {
   d.disk_reads -= o.disk_reads;
   d.disk_bytes -= o.disk_bytes;
   d.gpu_fallbacks -= o.gpu_fallbacks;
+  d.prefetch_reads -= o.prefetch_reads;
+  d.prefetch_hits -= o.prefetch_hits;
   d.gpu_issue_s -= o.gpu_issue_s;
   d.cpu_rows_s -= o.cpu_rows_s;
   d.disk_wait_s -= o.disk_wait_s;
@@ -107,6 +111,7 @@ StoreOptions StoreOptions::from(const RuntimeConfig& c) {
   o.reserve_gb = c.memory.reserve_gb;
   o.pin = c.memory.pin;
   o.overlap = c.scheduler.overlap;
+  o.prefetch = c.scheduler.prefetch;
   o.reader.queue_depth = c.disk.queue_depth;
   o.reader.direct = c.disk.direct_io == "true" ? DirectIo::kOn
                     : c.disk.direct_io == "false" ? DirectIo::kOff
@@ -165,6 +170,48 @@ struct ExpertStore::Impl {
   StoreTelemetry tel;
   bool save_warned = false;
   bool gpu_warned = false;
+  // Router look-ahead prefetch: reads of the next layer's likely experts, in flight between run_layer calls.
+  struct Prefetch {
+    int64_t key = 0;
+    int32_t slot = -1;
+    int runs_left = 0;
+    bool failed = false;
+  };
+  std::vector<Prefetch> pf;
+  std::unordered_map<uint64_t, size_t> pf_ticket;  // ticket → index in pf
+  std::vector<char> pf_landed;                     // [key]: prefetched, landed, not yet routed to
+
+  // A prefetch read finished: when its expert is complete it becomes a cache entry (unpinned, so it may be
+  // evicted like any other). A failed prefetch is dropped: the expert stays on disk and a real miss reads it
+  // (and reports the error) if it is routed to.
+  void pf_land(const FileReader::Completion& c) {
+    Prefetch& p = pf[pf_ticket.at(c.ticket)];
+    if (!c.ok()) p.failed = true;
+    if (--p.runs_left > 0) return;
+    Slot& sl = slots[static_cast<size_t>(p.slot)];
+    sl.pins = 0;
+    if (p.failed) return;
+    Entry& en = entries[static_cast<size_t>(p.key)];
+    sl.view = view_in(en, sl.mem.get());
+    sl.key = p.key;
+    en.tier = Tier::kCache;
+    en.slot = p.slot;
+    tel.disk_bytes += en.buffer_bytes;
+    pf_landed[static_cast<size_t>(p.key)] = 1;
+  }
+  // Waits for every prefetch read (the previous layer's) to land.
+  void pf_drain() {
+    while (!pf_ticket.empty() && reader->outstanding() > 0) pf_land(reader->wait_any());
+    pf.clear();
+    pf_ticket.clear();
+  }
+  void pf_forget() {  // after a failure: the reads were drained; nothing landed is trusted
+    for (const Prefetch& p : pf) {
+      if (p.runs_left > 0) slots[static_cast<size_t>(p.slot)].key = -1;
+    }
+    pf.clear();
+    pf_ticket.clear();
+  }
 
   Impl(const Model& m, const SafetensorsSet& t, const StoreOptions& o) : model(m), tensors(t), options(o) {}
 
@@ -287,6 +334,7 @@ struct ExpertStore::Impl {
 
   // Reads every run of an expert into buf (blocking; for load-time pinning and re-placement).
   void read_now(const Entry& en, std::byte* buf) {
+    pf_drain();  // wait_all below would swallow their completions
     for (const Run& r : en.runs) reader->submit(r.file, r.read_offset, r.read_length, buf + r.dst);
     reader->wait_all();
     tel.disk_bytes += en.buffer_bytes;
@@ -569,6 +617,75 @@ std::string ExpertStore::plan_text() const {
 
 // ---- the per-layer run --------------------------------------------------------------------------------
 
+// Router look-ahead: the next MoE layer's router applied to this layer's input predicts its experts (votes
+// over the rows); the most voted ones that are on disk are read into free cache slots now, so their reads
+// overlap this layer's CPU rows and the next layer's attention. Only cache state changes, never a result.
+void ExpertStore::issue_prefetch(int64_t layer, const float* x, int64_t T) {
+  Impl& s = *impl_;
+  int64_t next = layer + 1;
+  while (next < s.layers && !s.model.layers()[static_cast<size_t>(next)].moe) ++next;
+  if (next >= s.layers || s.slots.empty()) return;
+  const MoeWeights& m = s.model.layers()[static_cast<size_t>(next)].experts;
+  const int64_t E = s.experts, H = s.hidden, K = s.model.spec().top_k;
+  const bool sigmoid = !m.router_bias.empty();
+  std::vector<int64_t> votes(static_cast<size_t>(E), 0);
+  std::vector<float> score(static_cast<size_t>(E));
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  // Vote with at most 8 rows (evenly spaced) so prefill does not pay E × H per row.
+  const int64_t step = std::max<int64_t>(1, (T + 7) / 8);
+  for (int64_t t = 0; t < T; t += step) {
+    const float* xr = x + t * H;
+    for (int64_t e = 0; e < E; ++e) {
+      const float* w = m.router.data() + e * H;
+      float acc = 0;
+      for (int64_t i = 0; i < H; ++i) acc += w[i] * xr[i];
+      score[static_cast<size_t>(e)] = sigmoid ? 1.0f / (1.0f + std::exp(-acc)) + m.router_bias[static_cast<size_t>(e)] : acc;
+    }
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int64_t a, int64_t b) {
+      return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)] ||
+             (score[static_cast<size_t>(a)] == score[static_cast<size_t>(b)] && a < b);
+    });
+    for (int64_t k = 0; k < K; ++k) ++votes[static_cast<size_t>(idx[static_cast<size_t>(k)])];
+  }
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return votes[a] > votes[b]; });
+  // At most half the cache, and only slots nobody uses.
+  const auto limit = static_cast<int64_t>(s.slots.size() / 2);
+  if (s.pf_landed.empty()) s.pf_landed.assign(static_cast<size_t>(s.layers * s.experts), 0);
+  int64_t issued = 0;
+  for (int64_t e : idx) {
+    if (issued >= limit || votes[static_cast<size_t>(e)] == 0) break;
+    const int64_t key = next * E + e;
+    Entry& en = s.entries[static_cast<size_t>(key)];
+    if (en.tier != Tier::kDisk || en.runs.empty()) continue;
+    int32_t best = -1;
+    for (size_t i = 0; i < s.slots.size(); ++i) {
+      const Slot& sl = s.slots[i];
+      if (sl.pins > 0) continue;
+      if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use) best = static_cast<int32_t>(i);
+    }
+    if (best < 0) break;
+    Slot& slot = s.slots[static_cast<size_t>(best)];
+    slot.pins = 1;
+    if (slot.key >= 0) {
+      Entry& old = s.entries[static_cast<size_t>(slot.key)];
+      old.tier = Tier::kDisk;
+      old.slot = -1;
+      s.pf_landed[static_cast<size_t>(slot.key)] = 0;
+      slot.key = -1;
+    }
+    slot.last_use = s.clock;
+    s.pf.push_back({key, best, static_cast<int>(en.runs.size()), false});
+    for (const Run& r : en.runs) {
+      const uint64_t t = s.reader->submit(r.file, r.read_offset, r.read_length, slot.mem.get() + r.dst);
+      s.pf_ticket[t] = s.pf.size() - 1;
+    }
+    ++s.tel.prefetch_reads;
+    ++issued;
+  }
+}
+
 void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<const Work> work,
                             const std::function<void()>& alongside) {
   Impl& s = *impl_;
@@ -577,6 +694,16 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   const int64_t H = s.hidden;
   ++s.tel.layers;
   ++s.clock;
+  if (!s.pf.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      s.pf_drain();
+    } catch (...) {
+      s.pf_forget();
+      throw;
+    }
+    s.tel.disk_wait_s += seconds_since(t0);
+  }
 
   struct Job {
     std::vector<ExpertTask> tasks;
@@ -603,6 +730,11 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     if (w.rows.empty()) continue;
     Entry& en = s.entry(layer, w.expert);
     stats_.record(layer, w.expert, w.rows.size(), s.turn);
+    if (!s.pf_landed.empty()) {
+      char& mark = s.pf_landed[static_cast<size_t>(layer * s.experts + w.expert)];
+      if (mark) ++s.tel.prefetch_hits;
+      mark = 0;
+    }
     switch (en.tier) {
       case Tier::kVram:
         gpu_tasks.push_back({&en.vram, w.rows, w.out});
@@ -677,6 +809,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     } catch (...) {
     }
     pending.discard();
+    s.pf_forget();
     for (auto& sl : s.slots) sl.pins = 0;
   };
   try {
@@ -747,7 +880,11 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       const auto t0 = std::chrono::steady_clock::now();
       const auto c = s.reader->wait_any();
       waited += seconds_since(t0);
-      land(c);
+      if (s.pf_ticket.count(c.ticket)) {
+        s.pf_land(c);
+      } else {
+        land(c);
+      }
     };
     auto free_slot = [&]() -> int32_t {
       int32_t best = -1;
@@ -798,7 +935,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
           while (runs_left[i] > 0) wait_one();
         }
       }
-      while (s.reader->outstanding() > 0) wait_one();
+      while (s.reader->outstanding() > s.pf_ticket.size()) wait_one();
     } catch (...) {
       // A failed read: let everything in flight finish, leave no half-read slot behind, report the read.
       try {
@@ -820,6 +957,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     (void)t_disk;
   }
 
+  if (s.options.prefetch) issue_prefetch(layer, x, T);
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
   if (pending) {
