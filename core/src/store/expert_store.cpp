@@ -628,6 +628,8 @@ void ExpertStore::issue_prefetch(int64_t layer, const float* x, int64_t T) {
   const MoeWeights& m = s.model.layers()[static_cast<size_t>(next)].experts;
   const int64_t E = s.experts, H = s.hidden, K = s.model.spec().top_k;
   const bool sigmoid = !m.router_bias.empty();
+  uint64_t moe_layers = 0;
+  for (const auto& L : s.model.layers()) moe_layers += L.moe ? 1 : 0;
   std::vector<int64_t> votes(static_cast<size_t>(E), 0);
   std::vector<float> score(static_cast<size_t>(E));
   std::vector<int64_t> idx(static_cast<size_t>(E));
@@ -659,10 +661,12 @@ void ExpertStore::issue_prefetch(int64_t layer, const float* x, int64_t T) {
     const int64_t key = next * E + e;
     Entry& en = s.entries[static_cast<size_t>(key)];
     if (en.tier != Tier::kDisk || en.runs.empty()) continue;
+    // A guess may only displace an expert that no layer of the last token used (else prefetch trades a sure
+    // hit for a maybe).
     int32_t best = -1;
     for (size_t i = 0; i < s.slots.size(); ++i) {
       const Slot& sl = s.slots[i];
-      if (sl.pins > 0) continue;
+      if (sl.pins > 0 || (sl.key >= 0 && s.clock - sl.last_use < moe_layers)) continue;
       if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use) best = static_cast<int32_t>(i);
     }
     if (best < 0) break;
