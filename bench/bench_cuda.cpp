@@ -2,8 +2,8 @@
 //   1. the copy bandwidth of the device (the ceiling, read + write) and the 4.8 TB/s datasheet figure;
 //   2. GLM-5.2 routed-expert layer at decode: 8 experts of gate/up 2048x6144 + down 6144x2048, Q4_G64 (and
 //      Q4_ROW), 1-8 rows per expert, GB/s of weights read (cold: rotating over layers 10x the L2), for the
-//      exact-mode kernels: gemv (the default), the exact tensor-core path (STRATA_CUDA_GEMV_MAX_ROWS=0, the
-//      default before gemv) and SIMT;
+//      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default) and
+//      SIMT;
 //   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
 //   4. the exact paths (gemv, tensor cores with 3 bf16 parts) vs W4A16 at 1..512 rows per expert: TFLOP/s,
 //      and where W4A16 (and the tensor cores) start to pay (the crossovers);
@@ -235,8 +235,8 @@ int main(int argc, char** argv) {
         bool simt;
         int max_rows;
       };
-      const Variant variants[] = {{"gemv f32 (exact, default)", -1, false, 8},
-                                  {"tensor cores, exact (old)", 0, false, 8},
+      const Variant variants[] = {{"gemv f32 (exact, opt-in)", -1, false, 8},
+                                  {"tensor cores, exact (default)", 0, false, 8},
                                   {"SIMT f32", -1, true, 4}};
       for (const Variant& v : variants) {
         b.settings().gemv_max_rows = v.gemv_max_rows;
@@ -282,8 +282,8 @@ int main(int argc, char** argv) {
         const char* name;
         int gemv_max_rows, w4a16_min_rows;
       };
-      const Path paths[] = {{"exact gemv (default)", -1, 0},
-                            {"exact tensor cores (old)", 0, 0},
+      const Path paths[] = {{"exact gemv (opt-in)", -1, 0},
+                            {"exact tensor cores (default)", 0, 0},
                             {"W4A16 (>=16 rows)", -1, 16}};
       for (const Path& path : paths) {
         b.settings().gemv_max_rows = path.gemv_max_rows;

@@ -375,7 +375,7 @@ TEST_CASE("cuda expert_group equals cpu_generic within 1e-5: every format, 0/1/4
 // most 8 rows on gemv and the rest on the exact tensor cores, bit for bit as the two backends that use one each.
 static void gpu_case_gemv(const PluginRecord* rec) {
   auto ref = cpu_reference();
-  auto gemv = make_backend(*rec);
+  auto gemv = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "all");
   auto tc = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "0");
   auto cut = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "8");
   std::mt19937 rng(808);
