@@ -65,6 +65,7 @@ struct StoreTelemetry {
 struct StorePlan {
   int64_t experts = 0;  // routed experts of the model
   int64_t vram = 0, ram = 0, streamed = 0;
+  int64_t shared_vram = 0;  // layers whose shared expert is in VRAM
   int64_t cache_slots = 0;
   uint64_t expert_bytes = 0;  // host bytes of one expert (largest)
   uint64_t slot_bytes = 0;    // bytes of one cache slot
@@ -94,8 +95,11 @@ class ExpertStore {
   // runs `alongside` (e.g. the shared expert) at the same time. Every output row is bitwise what the same
   // backend computes for it whatever the overlap, cache state or thread count. One layer at a time (a mutex
   // serializes callers).
+  // shared_out: when shared_on_gpu(layer), the layer's shared expert for all T rows goes into the GPU group
+  // and its output to shared_out [T, hidden] (then `alongside` should not compute it again).
   void run_layer(int64_t layer, const float* x, int64_t T, std::span<const Work> work,
-                 const std::function<void()>& alongside);
+                 const std::function<void()>& alongside, float* shared_out = nullptr);
+  bool shared_on_gpu(int64_t layer) const;
 
   // Ends a turn (a request, a chat answer): re-places experts between tiers by frequency (recency breaks
   // ties) with hysteresis, and saves the routing statistics atomically (unless pin is none).

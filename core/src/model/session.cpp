@@ -411,7 +411,12 @@ struct Session::Impl {
         if (rows[e].empty()) continue;
         work.push_back({static_cast<int32_t>(e), rows[e], buf.data() + base[e] * H});
       }
-      store->run_layer(layer, h.data(), T, work, run_shared);
+      if (m.has_shared && store->shared_on_gpu(layer)) {
+        shared.assign(static_cast<size_t>(T * H), 0.0f);
+        store->run_layer(layer, h.data(), T, work, {}, shared.data());
+      } else {
+        store->run_layer(layer, h.data(), T, work, run_shared);
+      }
     } else {
       std::vector<ExpertTask> tasks;
       for (int64_t e = 0; e < E; ++e) {

@@ -160,6 +160,10 @@ struct ExpertStore::Impl {
   StoreOptions options;
   int64_t layers = 0, experts = 0, hidden = 0;
   std::vector<Entry> entries;  // [layer * experts + expert]; layers without experts stay empty
+  // Shared experts copied to the GPU tier (per layer; empty = on the dense backend): with a GPU tier they join
+  // the GPU group instead of competing with the CPU rows for the cores.
+  std::vector<ExpertMatrices> shared_vram;
+  std::vector<std::vector<ResidentMatrix>> shared_res;
   std::vector<Slot> slots;
   std::unique_ptr<FileReader> reader;
   std::vector<const SafetensorsFile*> files;
@@ -492,6 +496,30 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
     plan_.vram_budget = budget;
     plan_.gpu = std::string(s.gpu->name());
     uint64_t used = 0;
+    // Shared experts first: every token uses them.
+    s.shared_vram.resize(static_cast<size_t>(s.layers));
+    s.shared_res.resize(static_cast<size_t>(s.layers));
+    for (int64_t l = 0; l < s.layers; ++l) {
+      const LayerWeights& L = model.layers()[static_cast<size_t>(l)];
+      if (!L.moe || !L.experts.has_shared) continue;
+      const ExpertMatrices& sh = L.experts.shared;
+      const uint64_t sb = sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
+      if (used + sb > budget || !s.gpu->supports_expert_group(sh.gate.format)) continue;
+      try {
+        ExpertMatrices v = sh;
+        std::vector<ResidentMatrix> res;
+        for (Matrix* m : {&v.gate, &v.up, &v.down}) {
+          res.push_back(s.gpu->upload(*m));
+          m->resident = res.back().matrix().resident;
+        }
+        s.shared_vram[static_cast<size_t>(l)] = v;
+        s.shared_res[static_cast<size_t>(l)] = std::move(res);
+        used += sb;
+        ++plan_.shared_vram;
+      } catch (const Error& err) {
+        plan_.warnings.push_back(fmt::format("shared expert of layer {} stays on the CPU: {}", l, err.what()));
+      }
+    }
     for (auto [l, e] : order) {
       Entry& en = s.entry(l, e);
       const uint64_t eb = en.host.gate.bytes() + en.host.up.bytes() + en.host.down.bytes();
@@ -582,8 +610,9 @@ std::string ExpertStore::plan_text() const {
   t += fmt::format("expert plan: {} routed experts of {} each ({} in all); dense part {}\n", p.experts, mib(eb),
                    gib(eb * static_cast<uint64_t>(p.experts)), gib(p.dense_bytes));
   if (!p.gpu.empty()) {
-    t += fmt::format("  vram ({}): {} experts, {} (budget {})\n", p.gpu, p.vram, gib(eb * p.vram),
-                     gib(p.vram_budget));
+    t += fmt::format("  vram ({}): {} experts, {} (budget {}){}\n", p.gpu, p.vram, gib(eb * p.vram),
+                     gib(p.vram_budget),
+                     p.shared_vram > 0 ? fmt::format("; the shared experts of {} layers", p.shared_vram) : "");
   }
   if (p.mapped) {
     t += fmt::format("  ram: {} experts used from the mapped checkpoint, {} (budget {})\n", p.ram,
@@ -690,8 +719,14 @@ void ExpertStore::issue_prefetch(int64_t layer, const float* x, int64_t T) {
   }
 }
 
+bool ExpertStore::shared_on_gpu(int64_t layer) const {
+  const Impl& s = *impl_;
+  return layer >= 0 && static_cast<size_t>(layer) < s.shared_vram.size() &&
+         s.shared_vram[static_cast<size_t>(layer)].gate.resident != nullptr;
+}
+
 void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<const Work> work,
-                            const std::function<void()>& alongside) {
+                            const std::function<void()>& alongside, float* shared_out) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
   const auto t_layer = std::chrono::steady_clock::now();
@@ -717,6 +752,15 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   std::vector<const ExpertMatrices*> gpu_host;  // the host views of gpu_tasks' experts (CPU recompute)
   std::vector<int32_t> hit_slots;
   std::vector<const Work*> misses;
+  std::vector<int32_t> all_rows;
+  const bool shared_gpu = shared_out != nullptr && shared_on_gpu(layer);
+  if (shared_out != nullptr && !shared_gpu) fail(kComp, "run_layer: layer {} has no shared expert on the GPU", layer);
+  if (shared_gpu) {
+    all_rows.resize(static_cast<size_t>(T));
+    std::iota(all_rows.begin(), all_rows.end(), 0);
+    gpu_tasks.push_back({&s.shared_vram[static_cast<size_t>(layer)], all_rows, shared_out});
+    gpu_host.push_back(&s.model.layers()[static_cast<size_t>(layer)].experts.shared);
+  }
   if (layer < 0 || layer >= s.layers || !s.model.layers()[static_cast<size_t>(layer)].moe) {
     fail(kComp, "run_layer: layer {} has no routed experts", layer);
   }
