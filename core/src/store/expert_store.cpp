@@ -7,6 +7,7 @@
 #include <tbb/flow_graph.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <chrono>
@@ -30,6 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 constexpr std::string_view kComp = "store";
 constexpr uint64_t kPage = 4096;
+constexpr uint64_t kNoPiece = ~uint64_t{0};
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -56,8 +58,7 @@ std::string human(double b) {
   if (b >= 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
   return fmt::format("{:.1f} KiB", b / 1024.0);
 }
-std::string gib(uint64_t b) { return human(static_cast<double>(b)); }
-std::string mib(double b) { return human(b); }
+std::string human(uint64_t b) { return human(static_cast<double>(b)); }
 
 struct AlignedFree {
   void operator()(std::byte* p) const { std::free(p); }
@@ -65,7 +66,7 @@ struct AlignedFree {
 using Buffer = std::unique_ptr<std::byte, AlignedFree>;
 Buffer alloc_pages(uint64_t bytes) {
   void* p = std::aligned_alloc(kPage, round_up(std::max<uint64_t>(bytes, 1), kPage));
-  if (p == nullptr) fail(kComp, "out of memory allocating {} for expert weights", mib(bytes));
+  if (p == nullptr) fail(kComp, "out of memory allocating {} for expert weights", human(bytes));
   return Buffer(static_cast<std::byte*>(p));
 }
 
@@ -142,6 +143,8 @@ struct ExpertStore::Entry {
   ExpertMatrices pinned_view;
   std::vector<Run> runs;              // empty: not streamable (memory made at load)
   uint64_t buffer_bytes = 0;          // a buffer holding every run
+  // Where each piece (data, scales of gate, up, down) lands in such a buffer; kNoPiece for absent scales.
+  std::array<uint64_t, 6> piece_pos{};
   Tier tier = Tier::kRam;
   int32_t slot = -1;                  // kCache: its slot
 };
@@ -236,25 +239,28 @@ struct ExpertStore::Impl {
   // converted container stores them back to back: one run). Empty when any piece is not in a mapping.
   void plan_runs(Entry& en) {
     struct Piece {
-      int file;
-      uint64_t off, len;
+      int file = -1;
+      uint64_t off = 0, len = 0;
     };
-    std::vector<Piece> pieces;
+    std::array<Piece, 6> pieces;  // data, scales of gate, up, down (file -1: absent)
+    std::vector<Piece> present;
+    int k = 0;
     for (const Matrix* m : {&en.host.gate, &en.host.up, &en.host.down}) {
-      const size_t data_bytes = m->bytes() - (m->scales ? scale_bytes(*m) : 0);
-      for (auto [p, n] : {std::pair<const void*, size_t>{m->data, data_bytes},
-                          std::pair<const void*, size_t>{m->scales, m->scales ? scale_bytes(*m) : 0}}) {
+      const size_t sb = scale_bytes(*m);
+      for (auto [p, n] : {std::pair<const void*, size_t>{m->data, m->bytes() - sb},
+                          std::pair<const void*, size_t>{m->scales, sb}}) {
+        Piece& pc = pieces[static_cast<size_t>(k++)];
         if (p == nullptr || n == 0) continue;
-        uint64_t off = 0;
-        const int f = locate(p, n, &off);
-        if (f < 0) return;  // not streamable
-        pieces.push_back({f, off, n});
+        pc.len = n;
+        pc.file = locate(p, n, &pc.off);
+        if (pc.file < 0) return;  // not streamable
+        present.push_back(pc);
       }
     }
-    std::sort(pieces.begin(), pieces.end(),
+    std::sort(present.begin(), present.end(),
               [](const Piece& a, const Piece& b) { return std::tie(a.file, a.off) < std::tie(b.file, b.off); });
     std::vector<Run> runs;
-    for (const auto& pc : pieces) {
+    for (const auto& pc : present) {
       if (!runs.empty() && runs.back().file == pc.file &&
           pc.off <= runs.back().offset + runs.back().length + kPage) {
         Run& r = runs.back();
@@ -266,16 +272,25 @@ struct ExpertStore::Impl {
     uint64_t cursor = 0;
     for (Run& r : runs) {
       r.read_offset = r.offset / kPage * kPage;
-      const uint64_t end = std::min(round_up(r.offset + r.length, kPage), reader_file_size(r.file));
+      const uint64_t end = std::min(round_up(r.offset + r.length, kPage), reader->file_size(r.file));
       r.read_length = end - r.read_offset;
       r.dst = cursor;
       cursor += round_up(r.read_length, kPage);
     }
+    // Each piece's place in a buffer, computed once (view_in runs for every expert read).
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      en.piece_pos[i] = kNoPiece;
+      if (pieces[i].file < 0) continue;
+      for (const Run& r : runs) {
+        if (r.file == pieces[i].file && pieces[i].off >= r.offset &&
+            pieces[i].off + pieces[i].len <= r.offset + r.length) {
+          en.piece_pos[i] = r.dst + (pieces[i].off - r.read_offset);
+        }
+      }
+    }
     en.runs = std::move(runs);
     en.buffer_bytes = cursor;
   }
-
-  uint64_t reader_file_size(int f) const { return reader->file_size(f); }
 
   static size_t scale_bytes(const Matrix& m) {
     if (m.scales == nullptr) return 0;
@@ -283,24 +298,33 @@ struct ExpertStore::Impl {
   }
 
   // The expert's matrices rebased into a buffer laid out by its runs.
-  ExpertMatrices view_in(const Entry& en, const std::byte* buf) const {
-    auto rebase = [&](const void* p, size_t n) -> const void* {
-      if (p == nullptr) return nullptr;
-      uint64_t off = 0;
-      const int f = locate(p, n, &off);
-      for (const Run& r : en.runs) {
-        if (r.file == f && off >= r.offset && off + n <= r.offset + r.length) {
-          return buf + r.dst + (off - r.read_offset);
-        }
-      }
-      fail(kComp, "internal: a piece of an expert is outside its runs");
-    };
+  static ExpertMatrices view_in(const Entry& en, const std::byte* buf) {
     ExpertMatrices v = en.host;
+    size_t k = 0;
     for (Matrix* m : {&v.gate, &v.up, &v.down}) {
-      const size_t sb = scale_bytes(*m);
-      m->data = rebase(m->data, m->bytes() - sb);
-      m->scales = static_cast<const float*>(rebase(m->scales, sb));
+      m->data = buf + en.piece_pos[k++];
+      const uint64_t sp = en.piece_pos[k++];
+      m->scales = sp == kNoPiece ? nullptr : reinterpret_cast<const float*>(buf + sp);
       m->resident = nullptr;
+    }
+    return v;
+  }
+
+  // Device copies of `from`'s three matrices; `host` is what a CPU recompute and the returned view point at.
+  ExpertMatrices upload_copy(const ExpertMatrices& from, const ExpertMatrices& host,
+                             std::vector<ResidentMatrix>& res) {
+    ExpertMatrices v = host;
+    const Matrix* src[3] = {&from.gate, &from.up, &from.down};
+    Matrix* dst[3] = {&v.gate, &v.up, &v.down};
+    res.clear();
+    try {
+      for (int i = 0; i < 3; ++i) {
+        res.push_back(gpu->upload(*src[i]));
+        dst[i]->resident = res.back().matrix().resident;
+      }
+    } catch (...) {
+      res.clear();
+      throw;
     }
     return v;
   }
@@ -309,31 +333,13 @@ struct ExpertStore::Impl {
   // buffer first, so the mapping's pages are never touched (they would count as resident memory).
   void upload(Entry& en) {
     Buffer tmp;
-    const ExpertMatrices* src = &en.host;
-    ExpertMatrices staged;
+    ExpertMatrices staged = en.host;
     if (!en.runs.empty()) {
       tmp = alloc_pages(en.buffer_bytes);
       read_now(en, tmp.get());
       staged = view_in(en, tmp.get());
-      src = &staged;
     }
-    en.resident.clear();
-    en.vram = en.host;
-    const Matrix* from[3] = {&src->gate, &src->up, &src->down};
-    Matrix* to[3] = {&en.vram.gate, &en.vram.up, &en.vram.down};
-    try {
-      for (int i = 0; i < 3; ++i) {
-        en.resident.push_back(gpu->upload(*from[i]));
-        // Compute from the device copy; a CPU recompute uses en.host.
-        Matrix m = en.resident.back().matrix();
-        m.data = to[i]->data;
-        m.scales = to[i]->scales;
-        *to[i] = m;
-      }
-    } catch (...) {
-      en.resident.clear();
-      throw;
-    }
+    en.vram = upload_copy(staged, en.host, en.resident);
   }
 
   // Reads every run of an expert into buf (blocking; for load-time pinning and re-placement).
@@ -463,7 +469,7 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
     fail(kComp,
          "the model's dense part (attention, embeddings, shared experts) needs {} but only {} of memory is "
          "available; it must stay in RAM — free memory or use a smaller model",
-         gib(plan_.dense_bytes), gib(avail));
+         human(plan_.dense_bytes), human(avail));
   }
   const uint64_t room = avail > plan_.dense_bytes ? avail - plan_.dense_bytes : 0;
   if (options.ram_gb) {
@@ -471,7 +477,7 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
     if (avail > 0 && plan_.ram_budget > room) {
       plan_.warnings.push_back(fmt::format(
           "memory.ram_gb {} is more than this machine has for experts ({} available − {} dense); clamped to {}",
-          *options.ram_gb, gib(avail), gib(plan_.dense_bytes), gib(room)));
+          *options.ram_gb, human(avail), human(plan_.dense_bytes), human(room)));
       plan_.ram_budget = room;
     }
   } else {
@@ -487,8 +493,8 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
       if (want > budget) {
         plan_.warnings.push_back(fmt::format("memory.vram_gb {} is more than {} can hold ({} free − {} reserve); "
                                              "clamped to {}",
-                                             *options.vram_gb, s.gpu->name(), gib(mi.free), gib(reserve),
-                                             gib(budget)));
+                                             *options.vram_gb, s.gpu->name(), human(mi.free), human(reserve),
+                                             human(budget)));
       } else {
         budget = want;
       }
@@ -506,14 +512,7 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
       const uint64_t sb = sh.gate.bytes() + sh.up.bytes() + sh.down.bytes();
       if (used + sb > budget || !s.gpu->supports_expert_group(sh.gate.format)) continue;
       try {
-        ExpertMatrices v = sh;
-        std::vector<ResidentMatrix> res;
-        for (Matrix* m : {&v.gate, &v.up, &v.down}) {
-          res.push_back(s.gpu->upload(*m));
-          m->resident = res.back().matrix().resident;
-        }
-        s.shared_vram[static_cast<size_t>(l)] = v;
-        s.shared_res[static_cast<size_t>(l)] = std::move(res);
+        s.shared_vram[static_cast<size_t>(l)] = s.upload_copy(sh, sh, s.shared_res[static_cast<size_t>(l)]);
         used += sb;
         ++plan_.shared_vram;
       } catch (const Error& err) {
@@ -607,20 +606,20 @@ std::string ExpertStore::plan_text() const {
   const StorePlan& p = plan_;
   std::string t;
   const uint64_t eb = p.expert_bytes;
-  t += fmt::format("expert plan: {} routed experts of {} each ({} in all); dense part {}\n", p.experts, mib(eb),
-                   gib(eb * static_cast<uint64_t>(p.experts)), gib(p.dense_bytes));
+  t += fmt::format("expert plan: {} routed experts of {} each ({} in all); dense part {}\n", p.experts, human(eb),
+                   human(eb * static_cast<uint64_t>(p.experts)), human(p.dense_bytes));
   if (!p.gpu.empty()) {
-    t += fmt::format("  vram ({}): {} experts, {} (budget {}){}\n", p.gpu, p.vram, gib(eb * p.vram),
-                     gib(p.vram_budget),
+    t += fmt::format("  vram ({}): {} experts, {} (budget {}){}\n", p.gpu, p.vram, human(eb * p.vram),
+                     human(p.vram_budget),
                      p.shared_vram > 0 ? fmt::format("; the shared experts of {} layers", p.shared_vram) : "");
   }
   if (p.mapped) {
     t += fmt::format("  ram: {} experts used from the mapped checkpoint, {} (budget {})\n", p.ram,
-                     gib(eb * p.ram), gib(p.ram_budget));
+                     human(eb * p.ram), human(p.ram_budget));
   } else {
     t += fmt::format("  ram: {} pinned experts; cache: {} slots of {} ({}); disk: {} experts streamed "
                      "(reads: {}, queue depth {})\n",
-                     p.ram, p.cache_slots, mib(p.slot_bytes), gib(p.slot_bytes * p.cache_slots), p.streamed,
+                     p.ram, p.cache_slots, human(p.slot_bytes), human(p.slot_bytes * p.cache_slots), p.streamed,
                      impl_->reader->engine_name(), impl_->options.reader.queue_depth);
   }
   // The expected bottleneck, with routing spread evenly over the experts: bytes per token from each tier.
@@ -633,12 +632,12 @@ std::string ExpertStore::plan_text() const {
   const double vram_share = static_cast<double>(p.vram) / n;
   std::string neck = "RAM bandwidth (CPU expert rows)";
   if (disk_share > 0.0) {
-    neck = fmt::format("disk: about {} per token from disk at even routing", mib(per_tok * disk_share));
+    neck = fmt::format("disk: about {} per token from disk at even routing", human(per_tok * disk_share));
   } else if (vram_share >= 0.999) {
     neck = "GPU (every expert in VRAM)";
   }
   t += fmt::format("  per token: {} of expert weights ({:.0f}% from VRAM); expected bottleneck: {}",
-                   mib(per_tok), 100.0 * vram_share, neck);
+                   human(per_tok), 100.0 * vram_share, neck);
   if (!p.stats_path.empty()) t += fmt::format("\n  routing statistics: {}", p.stats_path);
   for (const auto& w : p.warnings) t += "\n  warning: " + w;
   return t;
@@ -902,7 +901,6 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
   // CPU rows as soon as all its runs have landed.
   if (!misses.empty()) {
-    const auto t_disk = std::chrono::steady_clock::now();
     double waited = 0;
     std::unordered_map<uint64_t, size_t> ticket_miss;  // ticket → index in misses
     std::vector<int> runs_left(misses.size(), 0);
@@ -1002,7 +1000,6 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       throw;
     }
     s.tel.disk_wait_s += waited;
-    (void)t_disk;
   }
 
   if (s.options.prefetch) issue_prefetch(layer, x, T);
@@ -1057,86 +1054,72 @@ void ExpertStore::end_turn() {
   auto demoted_tier = [&](const Entry& en) {
     return plan_.mapped || en.runs.empty() || en.pinned ? Tier::kRam : Tier::kDisk;
   };
-  auto ranked_keys = [&] {
-    std::vector<int64_t> keys;
+  // One tier's re-placement: members and candidates from the statistics (most used first); while the best
+  // remaining candidate clearly beats the weakest remaining member, move(candidate, member).
+  auto rebalance = [&](auto is_member, auto is_candidate, auto move) {
+    std::vector<int64_t> members, candidates;
     for (auto [l, e] : stats_.ranked()) {
-      if (l < s.layers && s.model.layers()[static_cast<size_t>(l)].moe) keys.push_back(l * s.experts + e);
+      if (l >= s.layers || !s.model.layers()[static_cast<size_t>(l)].moe) continue;
+      const int64_t key = l * s.experts + e;
+      const Entry& en = s.entries[static_cast<size_t>(key)];
+      if (is_member(en)) members.push_back(key);
+      else if (is_candidate(en)) candidates.push_back(key);
     }
-    return keys;
+    int moves = 0;
+    for (int64_t cand : candidates) {
+      if (members.empty() || moves >= 16) break;
+      const int64_t weak = members.back();
+      if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
+      members.pop_back();
+      ++moves;
+      move(s.entries[static_cast<size_t>(cand)], s.entries[static_cast<size_t>(weak)]);
+    }
   };
   if (!plan_.mapped) {
-    // The pinned set (kRam with a pinned copy).
-    std::vector<int64_t> members, candidates;
-    for (int64_t key : ranked_keys()) {
-      const Entry& en = s.entries[static_cast<size_t>(key)];
-      if (en.tier == Tier::kRam && en.pinned) members.push_back(key);
-      if ((en.tier == Tier::kCache || en.tier == Tier::kDisk) && !en.runs.empty()) candidates.push_back(key);
-    }
-    int moves = 0;
-    for (int64_t cand : candidates) {
-      if (members.empty() || moves >= 16) break;
-      const int64_t weak = members.back();
-      if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
-      Entry& in = s.entries[static_cast<size_t>(cand)];
-      Entry& out = s.entries[static_cast<size_t>(weak)];
-      // The member's buffer (slot-sized, so it fits any expert) takes the candidate's bytes; a failed read
-      // leaves both as they were except the member, which then streams.
-      Buffer buf = std::move(out.pinned);
-      out.tier = Tier::kDisk;
-      members.pop_back();
-      ++moves;
-      s.read_now(in, buf.get());
-      release_slot(in);
-      in.pinned = std::move(buf);
-      in.pinned_view = s.view_in(in, in.pinned.get());
-      in.tier = Tier::kRam;
-    }
+    // The pinned set (kRam with a pinned copy). The member's buffer (slot-sized, so it fits any expert) takes
+    // the candidate's bytes; a failed read leaves both as they were except the member, which then streams.
+    rebalance([](const Entry& en) { return en.tier == Tier::kRam && static_cast<bool>(en.pinned); },
+              [](const Entry& en) { return (en.tier == Tier::kCache || en.tier == Tier::kDisk) && !en.runs.empty(); },
+              [&](Entry& in, Entry& out) {
+                Buffer buf = std::move(out.pinned);
+                out.tier = Tier::kDisk;
+                s.read_now(in, buf.get());
+                release_slot(in);
+                in.pinned = std::move(buf);
+                in.pinned_view = s.view_in(in, in.pinned.get());
+                in.tier = Tier::kRam;
+              });
   }
-  // VRAM: upload the candidate, then free the weakest member (same bytes per expert). A pinned candidate hands
-  // its pinned buffer to the member it replaces when that member is streamable, so the pinned bytes stay put.
+  // VRAM: free the weakest member first (VRAM holds no spare expert), then upload the candidate; a failed
+  // upload leaves the candidate where it was and the tier one expert smaller, with a warning. A pinned
+  // candidate hands its pinned buffer to the member it replaces when that member is streamable.
   if (s.gpu != nullptr && plan_.vram > 0) {
-    std::vector<int64_t> members, candidates;
-    for (int64_t key : ranked_keys()) {
-      (s.entries[static_cast<size_t>(key)].tier == Tier::kVram ? members : candidates).push_back(key);
-    }
-    int moves = 0;
-    for (int64_t cand : candidates) {
-      if (members.empty() || moves >= 16) break;
-      const int64_t weak = members.back();
-      if (count(cand) <= count(weak) + count(weak) / 4 + 2) break;
-      Entry& in = s.entries[static_cast<size_t>(cand)];
-      Entry& out = s.entries[static_cast<size_t>(weak)];
-      // Free the member first (VRAM holds no spare expert), then upload; a failed upload leaves the candidate
-      // where it was and the tier one expert smaller, with a warning.
-      std::vector<ResidentMatrix> old = std::move(out.resident);
-      old.clear();
-      out.tier = Tier::kDisk;
-      if (in.pinned && !out.runs.empty()) {
-        try {
-          s.read_now(out, in.pinned.get());
-          out.pinned = std::move(in.pinned);
-          out.pinned_view = s.view_in(out, out.pinned.get());
-          out.tier = Tier::kRam;
-        } catch (const std::exception&) {
-          out.tier = demoted_tier(out);
-        }
-      } else {
-        out.tier = demoted_tier(out);
-      }
-      members.pop_back();
-      ++moves;
-      try {
-        s.upload(in);
-      } catch (const std::exception& e) {
-        plan_.warnings.push_back(fmt::format("re-placement: an upload to {} failed ({}); VRAM holds one expert "
-                                             "fewer",
-                                             s.gpu->name(), e.what()));
-        continue;
-      }
-      release_slot(in);
-      in.pinned.reset();
-      in.tier = Tier::kVram;
-    }
+    rebalance([](const Entry& en) { return en.tier == Tier::kVram; }, [](const Entry&) { return true; },
+              [&](Entry& in, Entry& out) {
+                out.resident.clear();
+                out.tier = demoted_tier(out);
+                if (in.pinned && !out.runs.empty()) {
+                  try {
+                    s.read_now(out, in.pinned.get());
+                    out.pinned = std::move(in.pinned);
+                    out.pinned_view = s.view_in(out, out.pinned.get());
+                    out.tier = Tier::kRam;
+                  } catch (const std::exception&) {
+                    out.tier = demoted_tier(out);
+                  }
+                }
+                try {
+                  s.upload(in);
+                } catch (const std::exception& e) {
+                  plan_.warnings.push_back(fmt::format(
+                      "re-placement: an upload to {} failed ({}); VRAM holds one expert fewer", s.gpu->name(),
+                      e.what()));
+                  return;
+                }
+                release_slot(in);
+                in.pinned.reset();
+                in.tier = Tier::kVram;
+              });
   }
   if (!plan_.stats_path.empty()) {
     try {
