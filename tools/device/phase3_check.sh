@@ -7,6 +7,9 @@
 #           && tools/device/bundle.sh build-cuda build-cuda/bundle   (then trim: see docs/device-runs/README)
 #   There:  run(command="tools/device/phase3_check.sh", carry=["build-cuda/bundle"])
 # Logs go to $OUT (summary.txt is printed last). BUDGET (seconds, default 560) bounds the whole script.
+# STEPS (default "tests bench e2e memcheck") and CONFIGS (default: every placement below) narrow a run;
+# BENCH_ARGS (default "--decode --rounds 7") and BENCH_TIMEOUT (90 s) set the kernel benchmark, E2E_ARGS
+# (default "--prefill 32 --decode 16 --reps 2") the end-to-end one.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 b=build-cuda/bundle
@@ -24,18 +27,24 @@ note() { echo "$*" | tee -a "$summary"; }
 
 # 1. The plugin's tests on the GPU (conformance, gemv prefill == decode, memory, async, failures, fixtures,
 #    expert tiers with the GPU).
-timeout 150 "$b/bin/test_cuda" --duration=true > "$out/test_cuda.log" 2>&1
-note "test_cuda: exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/test_cuda.log" | tr '\n' ' ')"
-grep -E "ERROR|FAILED|FATAL" "$out/test_cuda.log" | head -8 | tee -a "$summary"
+steps=${STEPS:-tests bench e2e memcheck}
+want() { [[ " $steps " == *" $1 "* ]]; }
+if want tests; then
+  timeout 150 "$b/bin/test_cuda" --duration=true > "$out/test_cuda.log" 2>&1
+  note "test_cuda: exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/test_cuda.log" | tr '\n' ' ')"
+  grep -E "ERROR|FAILED|FATAL" "$out/test_cuda.log" | head -8 | tee -a "$summary"
+fi
 
 # 2. Decode kernels: GLM-5.2 layer 1-8 rows, projection shape, gemv vs tensor cores.
-timeout 90 "$b/bin/bench_cuda" --decode --rounds 7 > "$out/bench_cuda.log" 2>&1
-note "bench_cuda --decode: exit $?"
-grep -E "GLM|glm|%|floor" "$out/bench_cuda.log" | head -40 >> "$summary"
+if want bench; then
+  timeout ${BENCH_TIMEOUT:-90} "$b/bin/bench_cuda" ${BENCH_ARGS:---decode --rounds 7} > "$out/bench_cuda.log" 2>&1
+  note "bench_cuda ${BENCH_ARGS:---decode --rounds 7}: exit $?"
+  grep -E "GLM|glm|%|floor" "$out/bench_cuda.log" | head -40 >> "$summary"
+fi
 
 # 3. The expert tiers end to end on a synthetic GLM-5.2-shaped container (1 dense + 2 MoE layers).
 synth=/tmp/synth-glm52
-if [ "$(left)" -gt 150 ]; then
+if want e2e && [ "$(left)" -gt 150 ]; then
   timeout 120 "$b/bin/make_synthetic_model" --out "$synth" --layers 3 --vocab 32000 --force > "$out/synth.log" 2>&1
   note "make_synthetic_model: exit $?; $(tail -1 "$out/synth.log")"
   routed_gib=$(python3 -c "import json,os;m=json.load(open('$synth/model.safetensors.index.json'));print(2*256*21.23e6/2**30)")
@@ -49,10 +58,10 @@ if [ "$(left)" -gt 150 ]; then
     "$(python3 -c "print(round($routed_gib*0.5*1.02, 3))")" > $cfgs/vram50-serial.yaml
   printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\n' > $cfgs/disk.yaml
   printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\nscheduler:\n  prefetch: true\n' > $cfgs/disk-prefetch.yaml
-  for c in ram vram100 vram50 vram50-serial disk disk-prefetch vram25 vram75 vram0; do
+  for c in ${CONFIGS:-ram vram100 vram50 vram50-serial disk disk-prefetch vram25 vram75 vram0}; do
     [ "$(left)" -lt 25 ] && { note "e2e $c: skipped (time)"; continue; }
-    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/$c.yaml --prefill 32 --decode 16 \
-      --reps 2 --warmup 1 --json "$out/e2e-$c.json" > "$out/e2e-$c.log" 2>&1
+    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/$c.yaml ${E2E_ARGS:---prefill 32 --decode 16 --reps 2} \
+      --warmup 1 --json "$out/e2e-$c.json" > "$out/e2e-$c.log" 2>&1
     note "e2e $c: exit $?; $(grep -E '^median' "$out/e2e-$c.log")"
     grep -E "decode per token" "$out/e2e-$c.log" | tail -1 | tee -a "$summary"
     grep -E "peak RSS" "$out/e2e-$c.log" | tee -a "$summary"
@@ -61,7 +70,7 @@ if [ "$(left)" -gt 150 ]; then
 fi
 
 # 4. memcheck of the gemv kernels and the tier case, if time is left.
-if command -v compute-sanitizer > /dev/null && [ "$(left)" -gt 60 ]; then
+if want memcheck && command -v compute-sanitizer > /dev/null && [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 10 )) compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
     "$b/bin/test_cuda" -tc='*gemv*,*expert tiers*' > "$out/memcheck.log" 2>&1
   note "memcheck (gemv, tiers): exit $?; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"

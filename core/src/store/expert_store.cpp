@@ -860,7 +860,19 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     for (auto& sl : s.slots) sl.pins = 0;
   };
   try {
-  // 1. GPU group, issued without waiting (serially: issued and taken now).
+  // 1. Shared expert (when on the CPU) and resident rows, first: with overlap they are graph tasks that start
+  // at once on the worker threads, and this thread issues the GPU group meanwhile (the issue costs ~0.1 ms of
+  // host time: staging, launches), so the CPU rows, usually the longer part, never wait for it.
+  if (alongside) {
+    if (s.options.overlap) {
+      side.try_put(0);
+    } else {
+      alongside();
+    }
+  }
+  if (!ram_tasks.empty()) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
+
+  // 2. GPU group, issued without waiting (serially: issued and taken now).
   auto recompute_gpu_on_cpu = [&](const std::string& why) {
     if (!s.gpu_warned) {
       fmt::print(stderr, "strata: warning: GPU expert group failed ({}); recomputing it on the CPU\n", why);
@@ -887,16 +899,6 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       recompute_gpu_on_cpu(e.what());
     }
   }
-
-  // 2. Shared expert and resident rows.
-  if (alongside) {
-    if (s.options.overlap) {
-      side.try_put(0);
-    } else {
-      alongside();
-    }
-  }
-  if (!ram_tasks.empty()) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
 
   // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
   // CPU rows as soon as all its runs have landed.
