@@ -67,6 +67,12 @@ int64_t padded_cols(int64_t cols) {
   return (cols + kColPad - 1) / kColPad * kColPad;
 }
 
+// Row length of an f32 operand for a matrix of kp padded columns: gemv operands are whole warp steps
+// (gemv_slot in device_util.cuh), the SIMT ones kp.
+int64_t f32_operand_ld(int splits, int64_t kp) {
+  return splits == kGemvSplits ? (kp + kGemvStepCols - 1) / kGemvStepCols * kGemvStepCols : kp;
+}
+
 // Bytes of one row: as the host stores it, and padded on the device.
 int64_t host_row_bytes(int32_t dtype, int64_t cols) {
   switch (dtype) {
@@ -604,12 +610,14 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const Chunk& c = chunks[i];
     const int64_t fp = padded_cols(c.gate.dm.rows);
     const int64_t in_cols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
-    const uint64_t in_bytes = static_cast<uint64_t>(in_cols * hp) * (c.gu.tc ? 2 : 4);
+    const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
+    const uint64_t in_bytes = static_cast<uint64_t>(in_cols * in_ld) * (c.gu.tc ? 2 : 4);
     const int64_t h_cols = c.dn.tc ? 8 * dn_nt[c.dn] : c.n;
-    h_bytes[i] = static_cast<uint64_t>(h_cols * fp) * (c.dn.tc ? 2 : 4);
+    const int64_t h_ld = c.dn.tc ? fp : f32_operand_ld(c.dn.splits, fp);
+    h_bytes[i] = static_cast<uint64_t>(h_cols * h_ld) * (c.dn.tc ? 2 : 4);
     in_off[i] = lay.take(in_bytes);
     h_off[i] = lay.take(h_bytes[i]);
-    max_prep = std::max({max_prep, in_cols * hp, static_cast<int64_t>(h_bytes[i] / 16)});
+    max_prep = std::max({max_prep, in_cols * in_ld, static_cast<int64_t>(h_bytes[i] / 16)});
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
@@ -675,7 +683,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.row0 = 0;
     j.n_tok = c.n;
     j.cols = static_cast<int>(hidden);
-    j.kp = static_cast<int>(hp);
+    j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
     j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
     j.dst_off = in_off[i];
@@ -708,6 +716,7 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
     for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(3, std::min(cap, n - s)));
   }
   const int64_t kp = padded_cols(w.cols);
+  const int64_t ld = tc ? kp : f32_operand_ld(splits, kp);  // the operand's row length
   Layout lay;
   p.x = x;
   p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.cols) * 4;
@@ -721,8 +730,8 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   for (int c = 0; c < n_chunks; ++c) {
     const int len = std::min(cap, n - c * cap);
     const int64_t cols = tc ? 8 * nt : len;
-    in_off[static_cast<size_t>(c)] = lay.take(static_cast<uint64_t>(cols * kp) * (tc ? 2 : 4));
-    max_prep = std::max(max_prep, cols * kp);
+    in_off[static_cast<size_t>(c)] = lay.take(static_cast<uint64_t>(cols * ld) * (tc ? 2 : 4));
+    max_prep = std::max(max_prep, cols * ld);
   }
   p.y_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.rows) * 4;
   p.y_off = lay.take(p.y_bytes);
@@ -757,7 +766,7 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
     j.row0 = start;
     j.n_tok = len;
     j.cols = static_cast<int>(w.cols);
-    j.kp = static_cast<int>(kp);
+    j.kp = static_cast<int>(ld);
     j.splits = splits;
     j.ncols = tc ? 8 * nt : len;
     j.dst_off = in_off[static_cast<size_t>(c)];

@@ -5,7 +5,8 @@
 //
 // Kernels: a warp is 32 fibers on one OS thread (a small x86-64 context switch below); each runs until its
 // next warp-collective instruction, and when all 32 wait at the same one it is carried out from every lane's
-// operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). Device memory is host memory; a fake capacity
+// operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). The warps of a block run together: a warp
+// whose lanes reach __syncthreads waits until every warp of the block that has not exited is there. Device memory is host memory; a fake capacity
 // (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable; STRATA_CUDA_EMU_DEVICES devices (2).
 #include <cuda_runtime_api.h>
 
@@ -76,7 +77,7 @@ namespace {
 
 constexpr size_t kStack = 256 * 1024;
 
-enum Op { kNone, kSync, kShfl, kMma };
+enum Op { kNone, kSync, kShfl, kMma, kBarrier };
 
 struct Warp;
 
@@ -153,22 +154,23 @@ void do_mma(Warp& w) {
   }
 }
 
-// Each thread keeps its 32 fiber stacks.
+// Each thread keeps its fiber stacks (32 per warp of the largest block run so far).
 std::vector<std::unique_ptr<char[]>>& stack_pool() {
   thread_local std::vector<std::unique_ptr<char[]>> pool;
   return pool;
 }
 
-void run_warp(Warp& w) {
+// Sets up warp w's 32 fibers on stacks [32 w_index, 32 w_index + 32) of the pool.
+void start_warp(Warp& w, int w_index) {
   auto& pool = stack_pool();
-  while (pool.size() < 32) pool.push_back(std::make_unique<char[]>(kStack));
+  while (pool.size() < static_cast<size_t>(32 * (w_index + 1))) pool.push_back(std::make_unique<char[]>(kStack));
   for (int l = 0; l < 32; ++l) {
     Fiber& f = w.fibers[l];
     f.done = false;
     f.warp = &w;
     // A fresh frame for strata_emu_switch to "return" into the trampoline, with r12 = the fiber.
     const uintptr_t top =
-        (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(l)].get()) + kStack) & ~uintptr_t{15};
+        (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(32 * w_index + l)].get()) + kStack) & ~uintptr_t{15};
     uint64_t* sp = reinterpret_cast<uint64_t*>(top - 88);
     std::memset(sp, 0, 88);
     const uint32_t mxcsr = 0x1f80;
@@ -179,8 +181,14 @@ void run_warp(Warp& w) {
     sp[8] = reinterpret_cast<uint64_t>(&strata_emu_trampoline);  // return address
     f.sp = sp;
   }
+}
+
+// Runs warp w until it finishes (true) or all its lanes wait at __syncthreads (false); warp collectives are
+// carried out on the way.
+bool step_warp(Warp& w) {
   Warp* saved_warp = tls_warp;
   tls_warp = &w;
+  bool finished = false;
   for (;;) {
     int done = 0;
     for (int l = 0; l < 32; ++l) {
@@ -194,12 +202,16 @@ void run_warp(Warp& w) {
       strata_emu_switch(&w.sched_sp, w.fibers[l].sp);
       if (w.fibers[l].done) ++done;
     }
-    if (done == 32) break;
+    if (done == 32) {
+      finished = true;
+      break;
+    }
     if (done != 0) die("warp divergence: some lanes finished while others wait at a collective");
     const Op op = w.op[0];
     for (int l = 1; l < 32; ++l) {
       if (w.op[l] != op) die("warp divergence: lanes wait at different collectives");
     }
+    if (op == kBarrier) break;
     if (op == kShfl) {
       for (int l = 0; l < 32; ++l) w.shfl_out[l] = w.shfl_in[l ^ (w.shfl_mask[l] & 31)];
     } else if (op == kMma) {
@@ -209,6 +221,28 @@ void run_warp(Warp& w) {
     }
   }
   tls_warp = saved_warp;
+  return finished;
+}
+
+// Runs the warps of one block: each up to its next __syncthreads (or its end), then all waiting ones go on.
+void run_block(int n_warps, const std::function<void()>& body) {
+  std::vector<std::unique_ptr<Warp>> warps;
+  for (int wi = 0; wi < n_warps; ++wi) {
+    warps.push_back(std::make_unique<Warp>());
+    warps.back()->body = &body;
+    warps.back()->base_thread = wi * 32;
+    start_warp(*warps.back(), wi);
+  }
+  std::vector<bool> finished(static_cast<size_t>(n_warps), false);
+  for (;;) {
+    int running = 0;
+    for (int wi = 0; wi < n_warps; ++wi) {
+      if (finished[static_cast<size_t>(wi)]) continue;
+      finished[static_cast<size_t>(wi)] = step_warp(*warps[static_cast<size_t>(wi)]);
+      if (!finished[static_cast<size_t>(wi)]) ++running;
+    }
+    if (running == 0) break;
+  }
 }
 
 }  // namespace
@@ -238,12 +272,7 @@ void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void(
         }
         continue;
       }
-      for (unsigned wi = 0; wi < threads / 32; ++wi) {
-        auto w = std::make_unique<Warp>();
-        w->body = &body;
-        w->base_thread = static_cast<int>(wi * 32);
-        run_warp(*w);
-      }
+      run_block(static_cast<int>(threads / 32), body);
     }
   }
 }
@@ -251,6 +280,12 @@ void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void(
 void syncwarp() {
   if (tls_warp == nullptr) die("__syncwarp outside a warp");
   tls_warp->op[tls_lane] = kSync;
+  yield_to_scheduler();
+}
+
+void syncthreads() {
+  if (tls_warp == nullptr) die("__syncthreads outside a block of warps");
+  tls_warp->op[tls_lane] = kBarrier;
   yield_to_scheduler();
 }
 

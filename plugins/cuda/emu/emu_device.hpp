@@ -1,6 +1,6 @@
 // CPU emulation of the CUDA device features the kernels use (STRATA_CUDA_EMULATE builds only; see emu.cpp):
-// thread/block coordinates, __ldg, warp shuffles, __syncwarp, mma.sync m16n8k16 bf16 and one bf16x2 fma, with
-// warps run as 32 fibers that meet at every collective instruction.
+// thread/block coordinates, __ldg, warp shuffles, __syncwarp, __syncthreads, mma.sync m16n8k16 bf16 and one
+// bf16x2 fma, with warps run as 32 fibers that meet at every collective instruction.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +26,7 @@ Coords& coords();
 void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body);
 
 void syncwarp();
+void syncthreads();
 float shfl_xor(float v, int lane_mask);
 // D = A * B + C by the PTX ISA's m16n8k16 fragment layouts (products exact, sum in double, rounded once).
 void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -60,6 +61,9 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 }
 inline void __syncwarp() {
   ::strata_cuda::emu::syncwarp();
+}
+inline void __syncthreads() {
+  ::strata_cuda::emu::syncthreads();
 }
 inline float __uint_as_float(uint32_t u) {
   float f;

@@ -64,10 +64,26 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 // so exact), which turns each nibble's dequantization into one lop3 and one fadd (gemv_q4.cuh).
 __device__ __forceinline__ float gemv_x_scale(int k) { return __uint_as_float((127u - 4u * (k & 3)) << 23); }
 
+// Where column k sits in a gemv operand row. Lane l of a warp step s reads the 16-byte weight chunk 32 s + l
+// (columns 32 (32 s + l) .. + 31) and, for each quarter q = 0..7 of it, the 4 activations of columns
+// 32 (32 s + l) + 4 q .. + 3 as one float4. The operand stores them at s * 1024 + q * 128 + 4 l, so each of
+// the warp's float4 loads reads 512 contiguous bytes (with the plain column order the 32 lanes would touch 32
+// cache lines per load, and the L1 would be the bottleneck). Rows are gemv_ld(kp) long.
+__device__ __forceinline__ int gemv_slot(int k) {
+  const int chunk = k >> 5;
+  return (chunk >> 5) * kGemvStepCols + ((k >> 2) & 7) * 128 + (chunk & 31) * 4 + (k & 3);
+}
+// The column stored at a slot (the inverse of gemv_slot).
+__device__ __forceinline__ int gemv_col(int slot) {
+  const int chunk = (slot / kGemvStepCols) * 32 + ((slot >> 2) & 31);
+  return chunk * 32 + ((slot >> 7) & 7) * 4 + (slot & 3);
+}
+__device__ __forceinline__ int gemv_ld(int kp) { return (kp + kGemvStepCols - 1) / kGemvStepCols * kGemvStepCols; }
+
 // Writes h for token r, column o (o < the gate rows) into a gate_up item's output operand.
 __device__ __forceinline__ void store_h(const WorkItem& it, int r, int o, float h) {
   if (it.h_splits == kGemvSplits) {
-    static_cast<float*>(it.h)[static_cast<int64_t>(r) * it.h_kp + o] = h * gemv_x_scale(o);
+    static_cast<float*>(it.h)[static_cast<int64_t>(r) * gemv_ld(it.h_kp) + gemv_slot(o)] = h * gemv_x_scale(o);
   } else if (it.h_splits > 0) {
     uint16_t* dst = static_cast<uint16_t*>(it.h);
     const int64_t col = operand_slot(o);
@@ -132,5 +148,6 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 }
 
 __device__ __forceinline__ uint2 ld_cached_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
+__device__ __forceinline__ uint4 ld_cached_u4(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
 }  // namespace strata_cuda

@@ -10,8 +10,8 @@
 // chunks are loaded before the current ones are used (up to 4 KB in flight per warp). 4 warps per block; grid
 // x = row blocks, y = work items (every expert of a pass and token count in one launch).
 //
-// Activations: the item's input operand is f32 [T][kp] *pre-scaled*: column k holds x_k · 16^-(k % 4) (exact: a
-// power of two). A 32-bit word of weights holds columns 8j .. 8j + 7 as nibbles 0..7; nibble n sits, in w (n < 4)
+// Activations: the item's input operand is f32 [T][gemv_ld(kp)] *pre-scaled*: column k holds x_k · 16^-(k % 4)
+// (exact: a power of two), stored at gemv_slot(k) so that each float4 load of a warp is 512 contiguous bytes. A 32-bit word of weights holds columns 8j .. 8j + 7 as nibbles 0..7; nibble n sits, in w (n < 4)
 // or in w >> 16 (n >= 4), at position i = n % 4 = k % 4, and
 //     f = float((w & (15 << 4i)) | 0x4B000000) - (2^23 + 8 · 16^i) = (q - 8) · 16^i     (exact: lop3 + fadd)
 // so the fma f · x'_k is exactly (q - 8) · x_k: per weight one lop3, one fadd, one fma per token (plus one shift
@@ -51,10 +51,10 @@ __device__ __forceinline__ float q4_scaled(uint32_t w, uint32_t magic) {
 }
 
 // Blocks (of 4 warps) per SM asked of the register allocator (sm_90, no spills): many warps for few tokens,
-// where the kernel must keep the memory busy (1 token: 72 registers, 28 warps per SM, up to 4 KB of loads in
+// where the kernel must keep the memory busy (1 token: 80 registers, 24 warps per SM, up to 4 KB of loads in
 // flight each); fewer as the per-token accumulators grow and the fma become the limit (2 tokens: 96 registers,
 // 20 warps; 3: 128, 16; 4-8: 168, 12).
-constexpr int gemv_min_blocks(int t) { return t <= 1 ? 7 : t <= 2 ? 5 : t <= 3 ? 4 : 3; }
+constexpr int gemv_min_blocks(int t) { return t <= 1 ? 6 : t <= 2 ? 5 : t <= 3 ? 4 : 3; }
 
 template <int FMT, int T, bool GATE_UP>
 __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
     soff[i] = kGrouped ? d * n_groups : d;
   }
   const float* x = static_cast<const float*>(it.in);
+  const int ld = gemv_ld(kp);  // the operand's row length (slot order, see gemv_slot)
   const uint32_t hide0 = static_cast<uint32_t>(it.n_tok - T);  // 0: every item of the launch has T tokens
   const uint32_t magic = 0x4B000000u | hide0;                     // kept in a register (see q4_scaled)
 
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
       cs[s] = ns[s];
     }
     if (c + 32 < n_chunks) load(c + 32, nw, ns);
-    const float* xc = x + static_cast<int64_t>(c) * 32;
+    const float* xc = x + static_cast<int64_t>(c - lane) * 32 + 4 * lane;  // quarter q of chunk c: xc + 128 q
     // Tokens in groups of up to 4 (more would not fit the registers; the weights are then decoded once per
     // group, which changes nothing in the sums).
 #pragma unroll
@@ -155,8 +156,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
           float4 xv[4];
 #pragma unroll
           for (int t = 0; t < 4; ++t) {
-            xv[t] = t0 + t < T ? __ldg(reinterpret_cast<const float4*>(xc + static_cast<int64_t>(t0 + t) * kp +
-                                                                        8 * j + 4 * h))
+            xv[t] = t0 + t < T ? __ldg(reinterpret_cast<const float4*>(xc + static_cast<int64_t>(t0 + t) * ld +
+                                                                        128 * (2 * j + h)))
                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           }
 #pragma unroll

@@ -1,6 +1,6 @@
 // Builds the input operands of a batch of work items from f32 activations (gather by row index, bf16 splits in
-// the tensor-core column order, or f32 rows for the SIMT kernels, scaled per column for the gemv kernels) and
-// clears the gate_up output operands.
+// the tensor-core column order, or f32 rows for the SIMT kernels, scaled per column and in slot order for the
+// gemv kernels) and clears the gate_up output operands.
 #include "device_util.cuh"
 
 namespace strata_cuda {
@@ -25,12 +25,14 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
       }
       static_cast<uint16_t*>(j.dst)[e] = split_part(v, p);
     } else {
+      const bool gemv = j.splits == kGemvSplits;
+      const int col = gemv ? gemv_col(pos) : pos;  // gemv: slot order (see gemv_slot)
       float v = 0.0f;
-      if (n < j.n_tok && pos < j.cols) {
+      if (n < j.n_tok && col < j.cols) {
         const int64_t row = j.rows != nullptr ? j.rows[n] : static_cast<int64_t>(j.row0) + n;
-        v = j.x[row * j.x_ld + pos];
+        v = j.x[row * j.x_ld + col];
       }
-      if (j.splits == kGemvSplits) v *= gemv_x_scale(pos);
+      if (gemv) v *= gemv_x_scale(col);
       static_cast<float*>(j.dst)[e] = v;
     }
   }

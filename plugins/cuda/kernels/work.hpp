@@ -34,13 +34,14 @@ struct DevMatrix {
 //    each 16-column chunk the columns are stored 4x4-transposed (slot 4s + t holds column s + 4t), the order in
 //    which a thread feeds them to mma.sync (see tc_q4.cuh).
 //  - SIMT kernels: f32, [n_tok][kp] (in_splits = 0).
-//  - gemv kernels (int4, exact mode): f32 [n_tok][kp] with column k scaled by 16^-(k % 4) (in_splits =
+//  - gemv kernels (int4, exact mode): f32 [n_tok][gemv_ld(kp)] with column k scaled by 16^-(k % 4), stored in
+//    the order the warps read it (gemv_slot: a warp's float4 loads are 512 contiguous bytes) (in_splits =
 //    kGemvSplits; see gemv_x_scale and gemv_q4.cuh).
 // Outputs:
 //  - linear: y[r * y_ld + o] (f32) for r < n_tok, o < rows.
 //  - gate_up: h = silu(gate·x) * (up·x) written as the next stage's input operand: h_splits > 0: the bf16
 //    tensor-core layout with h_splits parts per token, row length h_kp; h_splits == 0: f32 [n_tok][h_kp];
-//    h_splits == kGemvSplits: the gemv kernels' scaled f32 [n_tok][h_kp].
+//    h_splits == kGemvSplits: the gemv kernels' scaled, slot-ordered f32 [n_tok][gemv_ld(h_kp)].
 struct WorkItem {
   DevMatrix w0;  // linear: the weight; gate_up: gate
   DevMatrix w1;  // gate_up: up (same shape and format as gate)
@@ -61,15 +62,15 @@ struct PrepJob {
   void* dst;
   void* zero;          // NULL or a region of zero_bytes (a multiple of 16) to clear
   int64_t zero_bytes;
-  int32_t row0, n_tok, cols, kp;
+  int32_t row0, n_tok, cols, kp;  // kp: the operand's row length (gemv: gemv_ld of the matrix's kp)
   int32_t splits;  // > 0: the bf16 tensor-core layout with this many parts per token; 0: f32 [n_tok][kp];
                    // kGemvSplits: f32 [n_tok][kp] scaled for the gemv kernels
   int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
-// Tensor-core kernels: 4 warps per block, 16 output rows per warp.
+// Tensor-core kernels: a block is one 16-row tile, its 4 warps split the work (tc_q4.cuh).
 constexpr int kTcWarps = 4;
-constexpr int kTcRowsPerBlock = 16 * kTcWarps;
+constexpr int kTcRowsPerBlock = 16;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
 constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
@@ -82,6 +83,8 @@ constexpr int kGemvMaxTok = 8;
 constexpr int kGemvRowsLinear = 4;
 constexpr int kGemvRowsGateUp = 2;
 constexpr int kGemvSplits = -1;
+// A gemv warp step covers 32 lanes x 32 columns; a gemv operand row is a whole number of steps.
+constexpr int kGemvStepCols = 1024;
 
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
