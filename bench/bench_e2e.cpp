@@ -91,6 +91,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", seed, "seed of the random prompt ids")->capture_default_str();
   app.add_option("--json", json_out, "also write the figures to this JSON file (atomically)");
+  bool ab_overlap = false;
+  app.add_flag("--ab-overlap", ab_overlap,
+               "alternate scheduler.overlap on / off between repetitions (same process, same placement) and "
+               "report the overlap efficiency: MoE layer time with overlap / max(CPU rows, GPU issue + take) "
+               "without");
   CLI11_PARSE(app, argc, argv);
   try {
     if (prefill < 1 || decode < 0 || reps < 1 || warmup < 0)
@@ -126,10 +131,15 @@ int main(int argc, char** argv) {
         mib(static_cast<int64_t>(pc.dense_bytes)), pc.dense, mib(static_cast<int64_t>(pc.routed_bytes)),
         pc.routed, mib(static_cast<int64_t>(pc.per_expert_bytes)), load_s, mib(rss_loaded));
 
+    if (ab_overlap && store == nullptr) fail("cli", "--ab-overlap needs routed experts (an expert store)");
+    if (ab_overlap) reps *= 2;  // reps of each mode
     std::vector<Rep> runs;
     size_t kv_bytes = 0;
     for (int r = 0; r < warmup + reps; ++r) {
       Rep rep;
+      // A/B: overlap on in even repetitions, off in odd ones (so drifts of the machine hit both alike).
+      const bool overlap_on = !ab_overlap || r % 2 == 0;
+      if (ab_overlap) store->set_overlap(overlap_on);
       const auto t0 = Clock::now();
       Session s(model, cfg.scheduler.threads);
       const auto t1 = Clock::now();
@@ -149,8 +159,9 @@ int main(int argc, char** argv) {
         store->end_turn();
       }
       kv_bytes = s.kv_bytes();
-      fmt::print("{} {}: TTFT {:.1f} ms, prefill {:.1f} tok/s, decode {:.2f} tok/s ({:.1f} ms/token)\n",
-                 r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1, rep.ttft_s * 1e3,
+      fmt::print("{} {}{}: TTFT {:.1f} ms, prefill {:.1f} tok/s, decode {:.2f} tok/s ({:.1f} ms/token)\n",
+                 r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1,
+                 ab_overlap ? (overlap_on ? " (overlap on)" : " (overlap off)") : "", rep.ttft_s * 1e3,
                  prefill / rep.prefill_s, decode > 0 ? decode / rep.decode_s : 0.0,
                  decode > 0 ? rep.decode_s / decode * 1e3 : 0.0);
       if (store && decode > 0) {
@@ -167,6 +178,33 @@ int main(int argc, char** argv) {
     }
     bool same_tokens = true;
     for (const Rep& r : runs) same_tokens = same_tokens && r.tokens == runs.front().tokens;
+
+    // Overlap efficiency (per decode token, medians over each mode's repetitions).
+    double eff = 0, ab_on_ms = 0, ab_cpu_ms = 0, ab_gpu_ms = 0, ab_off_ms = 0;
+    if (ab_overlap && decode > 0) {
+      std::vector<double> on, off, cpu, gpu;
+      for (int r = warmup; r < warmup + reps; ++r) {
+        const StoreTelemetry& t = runs[static_cast<size_t>(r)].tel;
+        const double n = decode;
+        if (r % 2 == 0) {
+          on.push_back(t.layer_s / n * 1e3);
+        } else {
+          off.push_back(t.layer_s / n * 1e3);
+          cpu.push_back(t.cpu_rows_s / n * 1e3);
+          gpu.push_back((t.gpu_issue_s + t.take_s) / n * 1e3);
+        }
+      }
+      ab_on_ms = median(on);
+      ab_off_ms = median(off);
+      ab_cpu_ms = median(cpu);
+      ab_gpu_ms = median(gpu);
+      eff = ab_on_ms / std::max({ab_cpu_ms, ab_gpu_ms, 1e-9});
+      fmt::print(
+          "overlap A/B, MoE layers per decode token (medians of {} each): overlap on {:.3f} ms; off {:.3f} ms = "
+          "CPU rows {:.3f} ms, GPU issue + take {:.3f} ms, rest; overlap efficiency {:.3f} (on / max(CPU, "
+          "GPU))\n",
+          reps / 2, ab_on_ms, ab_off_ms, ab_cpu_ms, ab_gpu_ms, eff);
+    }
 
     std::vector<double> ttft, pre_tps, dec_tps;
     for (int r = warmup; r < warmup + reps; ++r) {
@@ -196,6 +234,7 @@ int main(int argc, char** argv) {
       for (size_t r = 0; r < runs.size(); ++r) {
         const Rep& rep = runs[r];
         per_rep.push_back({{"warmup", static_cast<int>(r) < warmup},
+                           {"overlap", !ab_overlap || r % 2 == 0},
                            {"ttft_ms", rep.ttft_s * 1e3},
                            {"prefill_s", rep.prefill_s},
                            {"decode_s", rep.decode_s},
@@ -234,6 +273,13 @@ int main(int argc, char** argv) {
           {"routed_params", pc.routed},
           {"kv_bytes", kv_bytes},
           {"tokens_identical", same_tokens},
+          {"overlap_ab",
+           ab_overlap ? ordered_json{{"on_layer_ms", ab_on_ms},
+                                     {"off_layer_ms", ab_off_ms},
+                                     {"off_cpu_rows_ms", ab_cpu_ms},
+                                     {"off_gpu_ms", ab_gpu_ms},
+                                     {"efficiency", eff}}
+                      : ordered_json()},
           {"tokens", runs.back().tokens},
           {"runs", per_rep}};
       const std::string text = j.dump(2) + "\n";

@@ -9,7 +9,8 @@
 # Logs go to $OUT (summary.txt is printed last). BUDGET (seconds, default 560) bounds the whole script.
 # STEPS (default "tests bench e2e memcheck") and CONFIGS (default: every placement below) narrow a run;
 # BENCH_ARGS (default "--decode --rounds 7") and BENCH_TIMEOUT (90 s) set the kernel benchmark, E2E_ARGS
-# (default "--prefill 32 --decode 16 --reps 2") the end-to-end one.
+# (default "--prefill 32 --decode 16 --reps 2") the end-to-end one. A config named NAME+ab runs NAME.yaml with
+# bench_e2e --ab-overlap (overlap on / off alternating in one process: the overlap efficiency).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 b=build-cuda/bundle
@@ -60,10 +61,11 @@ if want e2e && [ "$(left)" -gt 150 ]; then
   printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\nscheduler:\n  prefetch: true\n' > $cfgs/disk-prefetch.yaml
   for c in ${CONFIGS:-ram vram100 vram50 vram50-serial disk disk-prefetch vram25 vram75 vram0}; do
     [ "$(left)" -lt 25 ] && { note "e2e $c: skipped (time)"; continue; }
-    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/$c.yaml ${E2E_ARGS:---prefill 32 --decode 16 --reps 2} \
+    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/${c%%+*}.yaml ${E2E_ARGS:---prefill 32 --decode 16 --reps 2} $([[ $c == *+ab ]] && echo --ab-overlap) \
       --warmup 1 --json "$out/e2e-$c.json" > "$out/e2e-$c.log" 2>&1
     note "e2e $c: exit $?; $(grep -E '^median' "$out/e2e-$c.log")"
     grep -E "decode per token" "$out/e2e-$c.log" | tail -1 | tee -a "$summary"
+    grep -E "^overlap A/B" "$out/e2e-$c.log" | tee -a "$summary"
     grep -E "peak RSS" "$out/e2e-$c.log" | tee -a "$summary"
   done
   tar czf "$out/e2e-logs.tgz" -C "$out" $(cd "$out" && ls e2e-* synth.log 2>/dev/null) 2>/dev/null && rm -f "$out"/e2e-*.log "$out"/e2e-*.json

@@ -108,6 +108,9 @@ class ExpertStore {
   const StorePlan& plan() const { return plan_; }
   std::string plan_text() const;
   StoreTelemetry telemetry() const;
+  // Switches scheduler.overlap between layers (an A/B of the same placement in one process; results do not
+  // change, only the schedule).
+  void set_overlap(bool overlap);
   Tier tier_of(int64_t layer, int64_t expert) const;
   int64_t pinned_slots() const;  // cache slots in use (0 between layers; tests check it)
   const RoutingStats& stats() const { return stats_; }

@@ -602,6 +602,11 @@ StoreTelemetry ExpertStore::telemetry() const {
   return impl_->tel;
 }
 
+void ExpertStore::set_overlap(bool overlap) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->options.overlap = overlap;
+}
+
 std::string ExpertStore::plan_text() const {
   const StorePlan& p = plan_;
   std::string t;
