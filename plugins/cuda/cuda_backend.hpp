@@ -122,6 +122,12 @@ class CudaBackend {
   int device_;
   Settings settings_;
   std::atomic<int> fail_next_{0};
+  // STRATA_CUDA_TRACE=1: host seconds of issue()'s phases, summed and printed (means) when the backend closes.
+  struct IssueTrace {
+    bool on = false;
+    uint64_t calls = 0;
+    double plan = 0, slot = 0, stage = 0, launch = 0, finish = 0;
+  } trace_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Slot*> free_slots_;

@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -265,6 +267,9 @@ std::string cuda_unavailable_reason() {
 // ---- backend ---------------------------------------------------------------------------------------------
 
 CudaBackend::CudaBackend(int device) : device_(device) {
+  if (const char* t = std::getenv("STRATA_CUDA_TRACE"); t != nullptr && *t != '\0' && std::string(t) != "0") {
+    trace_.on = true;
+  }
   int count = 0;
   STRATA_CK(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (device < 0 || device >= count) {
@@ -303,6 +308,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 }
 
 CudaBackend::~CudaBackend() {
+  if (trace_.on && trace_.calls > 0) {
+    const double n = static_cast<double>(trace_.calls) / 1e6;
+    std::fprintf(stderr,
+                 "strata cuda device %d: %llu expert groups issued; host time per issue: plan %.1f us, slot "
+                 "%.1f us, staging %.1f us, launches %.1f us, output copy + event %.1f us\n",
+                 device_, static_cast<unsigned long long>(trace_.calls), trace_.plan / n, trace_.slot / n,
+                 trace_.stage / n, trace_.launch / n, trace_.finish / n);
+  }
   (void)cudaSetDevice(device_);
   for (auto& s : slots_) {
     if (s->stream != nullptr) (void)cudaStreamSynchronize(s->stream);
@@ -906,16 +919,28 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
                                  const strata_expert_task* tasks) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   if (hidden <= 0 || hidden > kMaxDim) invalid("expert_group: hidden must be in [1, 2^30]");
+  using TraceClock = std::chrono::steady_clock;
+  TraceClock::time_point t0;
+  auto lap = [&](double& into) {
+    if (!trace_.on) return;
+    const auto now = TraceClock::now();
+    into += std::chrono::duration<double>(now - t0).count();
+    t0 = now;
+  };
+  if (trace_.on) t0 = TraceClock::now();
   Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
   auto g = std::make_unique<strata_group>();
   g->magic = kGroupMagic;
   g->owner = this;
   g->outs = p.outs;
+  lap(trace_.plan);
   Slot* s = acquire_slot();
   g->slot = s;
   try {
     ensure_capacity(*s, p);
+    lap(trace_.slot);
     stage(*s, p);
+    lap(trace_.stage);
     const int injected = fail_next_.exchange(0);
     if (injected == STRATA_ERR_OUT_OF_MEMORY) {
       throw Failure(STRATA_ERR_OUT_OF_MEMORY,
@@ -927,12 +952,15 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
                                            ": device error (injected by STRATA_CUDA_FAIL_NEXT=device)");
     }
     launch(*s, p);
+    lap(trace_.launch);
     finish(*s, p);
+    lap(trace_.finish);
   } catch (...) {
     sync_quietly(*s);
     release_slot(s);
     throw;
   }
+  if (trace_.on) ++trace_.calls;
   std::lock_guard<std::mutex> lock(mu_);
   groups_.insert(g.get());
   return g.release();
