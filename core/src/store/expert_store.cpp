@@ -13,9 +13,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <condition_variable>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <thread>
 #include <unordered_map>
 
 #include <unistd.h>
@@ -35,6 +38,69 @@ constexpr uint64_t kNoPiece = ~uint64_t{0};
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// The store's own thread for issuing GPU groups while the layer's thread starts its CPU rows: an issue costs
+// 0.1-0.2 ms of host time (planning, staging, launches), and a CPU job handed to sleeping TBB workers instead
+// starts only when one wakes up (tens of µs on a VM), so with the issue on this thread the layer's thread can
+// go straight into the CPU rows. One job at a time.
+class IssueThread {
+ public:
+  IssueThread() : thread_([this] { loop(); }) {}
+  ~IssueThread() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  IssueThread(const IssueThread&) = delete;
+  IssueThread& operator=(const IssueThread&) = delete;
+
+  void post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      job_ = std::move(fn);
+      busy_ = true;
+      error_ = nullptr;
+    }
+    cv_.notify_all();
+  }
+  // Waits for the posted job; rethrows what it threw. Nothing posted: returns at once.
+  void wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    done_cv_.wait(l, [&] { return !busy_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || job_; });
+      if (stop_) return;
+      std::function<void()> fn = std::move(job_);
+      job_ = nullptr;
+      l.unlock();
+      std::exception_ptr e;
+      try {
+        fn();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      l.lock();
+      error_ = e;
+      busy_ = false;
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::function<void()> job_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -177,6 +243,7 @@ struct ExpertStore::Impl {
   StoreTelemetry tel;
   bool save_warned = false;
   bool gpu_warned = false;
+  std::unique_ptr<IssueThread> issuer;  // made at the first overlapped layer with both GPU and CPU work
   // Router look-ahead prefetch: reads of the next layer's likely experts, in flight between run_layer calls.
   struct Prefetch {
     int64_t key = 0;
@@ -851,6 +918,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   // Whatever fails below (a read, a CPU group, the shared expert, a GPU fallback), the layer leaves the store
   // consistent: reads drained, graph tasks finished, no slot left pinned, no slot holding a partial read.
   PendingGroup pending;
+  bool issue_posted = false;  // the GPU issue runs on the store's issue thread
   auto cleanup = [&] {
     try {
       while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
@@ -859,6 +927,12 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     try {
       g.wait_for_all();
     } catch (...) {
+    }
+    if (issue_posted) {
+      try {
+        s.issuer->wait();  // `pending` is written there
+      } catch (...) {
+      }
     }
     pending.discard();
     s.pf_forget();
@@ -875,7 +949,8 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       alongside();
     }
   }
-  if (!ram_tasks.empty()) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
+  const bool dispatched_cpu = !ram_tasks.empty();
+  if (dispatched_cpu) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
 
   // 2. GPU group, issued without waiting (serially: issued and taken now).
   auto recompute_gpu_on_cpu = [&](const std::string& why) {
@@ -889,19 +964,41 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     for (size_t i = 0; i < host.size(); ++i) host[i].expert = gpu_host[i];
     s.cpu->expert_group(x, T, H, host);
   };
-  if (!gpu_tasks.empty()) {
+  // With CPU work beside it (overlap on), the issue goes to the store's issue thread, and this thread goes on
+  // to the disk reads and into the CPU rows (g.wait_for_all runs the CPU job here if no worker has taken it).
+  const bool cpu_work = !misses.empty() || static_cast<bool>(alongside) || dispatched_cpu;
+  const bool issue_beside = s.options.overlap && cpu_work && !gpu_tasks.empty();
+  bool issue_failed = false;
+  std::string issue_error;
+  double issue_s = 0;
+  auto issue_gpu = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     try {
       pending = s.gpu->issue(x, T, H, gpu_tasks);
-      s.tel.gpu_issue_s += seconds_since(t0);
-      if (!s.options.overlap) {
-        const auto t1 = std::chrono::steady_clock::now();
-        pending.take();
-        s.tel.take_s += seconds_since(t1);
-      }
     } catch (const Error& e) {
       pending = PendingGroup();
-      recompute_gpu_on_cpu(e.what());
+      issue_failed = true;
+      issue_error = e.what();
+    }
+    issue_s = seconds_since(t0);
+  };
+  if (issue_beside) {
+    if (!s.issuer) s.issuer = std::make_unique<IssueThread>();
+    s.issuer->post(issue_gpu);
+    issue_posted = true;
+  } else if (!gpu_tasks.empty()) {
+    issue_gpu();
+    s.tel.gpu_issue_s += issue_s;
+    if (issue_failed) {
+      recompute_gpu_on_cpu(issue_error);
+    } else if (!s.options.overlap) {
+      const auto t1 = std::chrono::steady_clock::now();
+      try {
+        pending.take();
+      } catch (const Error& e) {
+        recompute_gpu_on_cpu(e.what());
+      }
+      s.tel.take_s += seconds_since(t1);
     }
   }
 
@@ -1012,6 +1109,12 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   if (s.options.prefetch) issue_prefetch(layer, x, T);
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
+  if (issue_posted) {
+    s.issuer->wait();
+    issue_posted = false;
+    s.tel.gpu_issue_s += issue_s;
+    if (issue_failed) recompute_gpu_on_cpu(issue_error);
+  }
   if (pending) {
     const auto t0 = std::chrono::steady_clock::now();
     try {
