@@ -105,6 +105,7 @@ nlohmann::json telemetry_json(const StoreTelemetry& t) {
            {{"moe_layers", t.layer_s},
             {"gpu_issue", t.gpu_issue_s},
             {"cpu_rows", t.cpu_rows_s},
+            {"cpu_start", t.cpu_start_s},
             {"disk_wait", t.disk_wait_s},
             {"gpu_take", t.take_s}}}};
 }

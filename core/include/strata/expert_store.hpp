@@ -58,6 +58,9 @@ struct StoreTelemetry {
     return need > 0 ? static_cast<double>(prefetch_hits) / need : 0.0;
   }
   double gpu_issue_s = 0, cpu_rows_s = 0, disk_wait_s = 0, take_s = 0, layer_s = 0;
+  // From the start of a layer to the start of its first CPU job (summed over layers with CPU rows): the
+  // bookkeeping before the rows plus, with overlap, the wait for a thread to take the job.
+  double cpu_start_s = 0;
   StoreTelemetry operator-(const StoreTelemetry& o) const;
 };
 

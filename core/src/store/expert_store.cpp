@@ -168,6 +168,7 @@ StoreTelemetry StoreTelemetry::operator-(const StoreTelemetry& o) const {
   d.disk_wait_s -= o.disk_wait_s;
   d.take_s -= o.take_s;
   d.layer_s -= o.layer_s;
+  d.cpu_start_s -= o.cpu_start_s;
   return d;
 }
 
@@ -882,10 +883,15 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   // CPU rows: a flow-graph node that runs any number of groups at once; each job unpins its slots when done.
   std::exception_ptr cpu_error;
   std::mutex err_mu, pin_mu;
-  double cpu_s = 0;
+  double cpu_s = 0, cpu_start = -1;
+  auto note_start = [&](std::chrono::steady_clock::time_point t0) {
+    std::lock_guard<std::mutex> l(pin_mu);
+    if (cpu_start < 0) cpu_start = std::chrono::duration<double>(t0 - t_layer).count();
+  };
   tbb::flow::graph g;
   tbb::flow::function_node<Job> cpu_rows(g, tbb::flow::unlimited, [&](const Job& job) {
     const auto t0 = std::chrono::steady_clock::now();
+    note_start(t0);
     try {
       s.cpu->expert_group(x, T, H, job.tasks);
     } catch (...) {
@@ -909,6 +915,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       cpu_rows.try_put(std::move(job));
     } else {
       const auto t0 = std::chrono::steady_clock::now();
+      note_start(t0);
       s.cpu->expert_group(x, T, H, job.tasks);
       cpu_s += seconds_since(t0);
       for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
@@ -1109,6 +1116,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   if (s.options.prefetch) issue_prefetch(layer, x, T);
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
+  if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
   if (issue_posted) {
     s.issuer->wait();
     issue_posted = false;
