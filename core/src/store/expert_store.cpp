@@ -989,6 +989,16 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     }
     issue_s = seconds_since(t0);
   };
+  // Waits for the issued group (its wait is counted as take time); a failure recomputes it on the CPU.
+  auto take_gpu = [&] {
+    const auto t1 = std::chrono::steady_clock::now();
+    try {
+      pending.take();
+    } catch (const Error& e) {
+      recompute_gpu_on_cpu(e.what());
+    }
+    s.tel.take_s += seconds_since(t1);
+  };
   if (issue_beside) {
     if (!s.issuer) s.issuer = std::make_unique<IssueThread>();
     s.issuer->post(issue_gpu);
@@ -999,13 +1009,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     if (issue_failed) {
       recompute_gpu_on_cpu(issue_error);
     } else if (!s.options.overlap) {
-      const auto t1 = std::chrono::steady_clock::now();
-      try {
-        pending.take();
-      } catch (const Error& e) {
-        recompute_gpu_on_cpu(e.what());
-      }
-      s.tel.take_s += seconds_since(t1);
+      take_gpu();
     }
   }
 
@@ -1123,15 +1127,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     s.tel.gpu_issue_s += issue_s;
     if (issue_failed) recompute_gpu_on_cpu(issue_error);
   }
-  if (pending) {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      pending.take();
-    } catch (const Error& e) {
-      recompute_gpu_on_cpu(e.what());
-    }
-    s.tel.take_s += seconds_since(t0);
-  }
+  if (pending) take_gpu();
   if (cpu_error) std::rethrow_exception(cpu_error);
   } catch (...) {
     cleanup();
