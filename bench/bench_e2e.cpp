@@ -219,8 +219,8 @@ int main(int argc, char** argv) {
     const double ttft_ms = median(ttft) * 1e3, pre = median(pre_tps),
                  dec = decode > 0 ? median(dec_tps) : 0.0;
     fmt::print(
-        "median of {}: prefill {} tokens {:.1f} tok/s, decode {} tokens {:.2f} tok/s, TTFT {:.1f} ms\n", reps,
-        prefill, pre, decode, dec, ttft_ms);
+        "median of {}{}: prefill {} tokens {:.1f} tok/s, decode {} tokens {:.2f} tok/s, TTFT {:.1f} ms\n", reps,
+        ab_overlap ? " (overlap on and off pooled)" : "", prefill, pre, decode, dec, ttft_ms);
     fmt::print(
         "memory: peak RSS (VmHWM) {:.1f} MiB, RSS now {:.1f} MiB; weights dense {:.1f} + routed {:.1f} = "
         "{:.1f} MiB; KV cache {:.1f} MiB\n",
@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
           {"threads", cfg.scheduler.threads},
           {"prefill_tokens", prefill},
           {"decode_tokens", decode},
-          {"reps", reps},
+          {"reps", reps},  // with --ab-overlap: both modes, alternating (overlap_ab has the medians per mode)
           {"warmup", warmup},
           {"seed", seed},
           {"load_s", load_s},

@@ -301,6 +301,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
         (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : -1;
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
+  if (const char* v = std::getenv("STRATA_CUDA_TC_LOADS")) settings_.tc_async = std::strcmp(v, "regs") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
     if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
@@ -880,11 +881,11 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {
-          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
-                  : launch_gate_up_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream)
+                  : launch_gate_up_q4row_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream);
         } else {
-          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
-                  : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream)
+                  : launch_linear_q4row_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream);
         }
       } else if (l.splits == kGemvSplits) {
         const bool g64 = l.dtype == kQ4G64;
@@ -921,6 +922,7 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
   if (hidden <= 0 || hidden > kMaxDim) invalid("expert_group: hidden must be in [1, 2^30]");
   using TraceClock = std::chrono::steady_clock;
   TraceClock::time_point t0;
+  IssueTrace tr;  // this call's laps, added to trace_ under mu_ at the end (several threads may issue)
   auto lap = [&](double& into) {
     if (!trace_.on) return;
     const auto now = TraceClock::now();
@@ -933,14 +935,14 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
   g->magic = kGroupMagic;
   g->owner = this;
   g->outs = p.outs;
-  lap(trace_.plan);
+  lap(tr.plan);
   Slot* s = acquire_slot();
   g->slot = s;
   try {
     ensure_capacity(*s, p);
-    lap(trace_.slot);
+    lap(tr.slot);
     stage(*s, p);
-    lap(trace_.stage);
+    lap(tr.stage);
     const int injected = fail_next_.exchange(0);
     if (injected == STRATA_ERR_OUT_OF_MEMORY) {
       throw Failure(STRATA_ERR_OUT_OF_MEMORY,
@@ -952,16 +954,23 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
                                            ": device error (injected by STRATA_CUDA_FAIL_NEXT=device)");
     }
     launch(*s, p);
-    lap(trace_.launch);
+    lap(tr.launch);
     finish(*s, p);
-    lap(trace_.finish);
+    lap(tr.finish);
   } catch (...) {
     sync_quietly(*s);
     release_slot(s);
     throw;
   }
-  if (trace_.on) ++trace_.calls;
   std::lock_guard<std::mutex> lock(mu_);
+  if (trace_.on) {
+    ++trace_.calls;
+    trace_.plan += tr.plan;
+    trace_.slot += tr.slot;
+    trace_.stage += tr.stage;
+    trace_.launch += tr.launch;
+    trace_.finish += tr.finish;
+  }
   groups_.insert(g.get());
   return g.release();
 }

@@ -10,10 +10,12 @@
 # STEPS (default "tests bench e2e memcheck") and CONFIGS (default: every placement below) narrow a run;
 # BENCH_ARGS (default "--decode --rounds 7") and BENCH_TIMEOUT (90 s) set the kernel benchmark, E2E_ARGS
 # (default "--prefill 32 --decode 16 --reps 2") the end-to-end one. A config named NAME+ab runs NAME.yaml with
-# bench_e2e --ab-overlap (overlap on / off alternating in one process: the overlap efficiency).
+# bench_e2e --ab-overlap (overlap on / off alternating in one process: the overlap efficiency); NAME[+ab]@N runs
+# it with --threads N. STEPS may add "ncu": Nsight Compute on bench_cuda --decode --rounds 1 for the kernels
+# matching NCU_KERNEL (default regex:tc_q4), NCU_SKIP / NCU_COUNT launches (default 2 / 2), into ncu.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-b=build-cuda/bundle
+b=${BUNDLE:-build-cuda/bundle}  # BUNDLE: another bundle folder (e.g. build/bundle)
 export LD_LIBRARY_PATH="$PWD/$b/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export STRATA_FIXTURES_DIR="$PWD/tests/fixtures" STRATA_CUDA_NO_EMU=1 STRATA_CUDA_REQUIRE=1
 out=${OUT:-/tmp/phase3}
@@ -43,6 +45,17 @@ if want bench; then
   grep -E "GLM|glm|%|floor" "$out/bench_cuda.log" | head -40 >> "$summary"
 fi
 
+# 2b. Nsight Compute on the decode kernels (base clocks; the report is the text of the chosen sections).
+if want ncu; then
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 240 "$ncu" -k "${NCU_KERNEL:-regex:tc_q4}" --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_COUNT:-2}" \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    --section LaunchStats --section SchedulerStats "$b/bin/bench_cuda" --decode --rounds 1 > "$out/ncu.txt" 2>&1
+  note "ncu ${NCU_KERNEL:-regex:tc_q4}: exit $?; $(grep -cE '^  [a-z_]+.*\(' "$out/ncu.txt") kernels profiled"
+  grep -E "^  [a-z_]|Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Achieved Occupancy|Registers Per|No Eligible" \
+    "$out/ncu.txt" | head -40 >> "$summary"
+fi
+
 # 3. The expert tiers end to end on a synthetic GLM-5.2-shaped container (1 dense + 2 MoE layers).
 synth=/tmp/synth-glm52
 if want e2e && [ "$(left)" -gt 150 ]; then
@@ -61,7 +74,8 @@ if want e2e && [ "$(left)" -gt 150 ]; then
   printf 'backends:\n  experts: [auto]\nmemory:\n  ram_gb: 2\n  pin: none\ndisk:\n  direct_io: true\nscheduler:\n  prefetch: true\n' > $cfgs/disk-prefetch.yaml
   for c in ${CONFIGS:-ram vram100 vram50 vram50-serial disk disk-prefetch vram25 vram75 vram0}; do
     [ "$(left)" -lt 25 ] && { note "e2e $c: skipped (time)"; continue; }
-    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/${c%%+*}.yaml ${E2E_ARGS:---prefill 32 --decode 16 --reps 2} $([[ $c == *+ab ]] && echo --ab-overlap) \
+    base=${c%%@*}; thr=""; [[ $c == *@* ]] && thr="--threads ${c##*@}"
+    timeout $(( $(left) - 10 )) "$b/bin/bench_e2e" --model "$synth" --config $cfgs/${base%%+*}.yaml ${E2E_ARGS:---prefill 32 --decode 16 --reps 2} $([[ $base == *+ab ]] && echo --ab-overlap) $thr \
       --warmup 1 --json "$out/e2e-$c.json" > "$out/e2e-$c.log" 2>&1
     note "e2e $c: exit $?; $(grep -E '^median' "$out/e2e-$c.log")"
     grep -E "decode per token" "$out/e2e-$c.log" | tail -1 | tee -a "$summary"

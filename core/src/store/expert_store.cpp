@@ -924,7 +924,12 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
 
   // Whatever fails below (a read, a CPU group, the shared expert, a GPU fallback), the layer leaves the store
   // consistent: reads drained, graph tasks finished, no slot left pinned, no slot holding a partial read.
+  // What the issue writes lives out here: when the issue runs on the issue thread and the layer throws, cleanup
+  // waits for that thread before these go out of scope.
   PendingGroup pending;
+  bool issue_failed = false;
+  std::string issue_error;
+  double issue_s = 0;
   bool issue_posted = false;  // the GPU issue runs on the store's issue thread
   auto cleanup = [&] {
     try {
@@ -975,9 +980,6 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   // to the disk reads and into the CPU rows (g.wait_for_all runs the CPU job here if no worker has taken it).
   const bool cpu_work = !misses.empty() || static_cast<bool>(alongside) || dispatched_cpu;
   const bool issue_beside = s.options.overlap && cpu_work && !gpu_tasks.empty();
-  bool issue_failed = false;
-  std::string issue_error;
-  double issue_s = 0;
   auto issue_gpu = [&] {
     const auto t0 = std::chrono::steady_clock::now();
     try {

@@ -1,6 +1,6 @@
 // Device helpers shared by the kernels: bf16 splitting of f32 values, the operand column order, silu, the
 // gemv activation scaling, the gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming
-// loads, bf16x2 fma).
+// loads, cp.async, bf16x2 fma).
 //
 // With STRATA_CUDA_EMULATE the same kernel sources compile with g++ and run on the CPU (plugins/cuda/emu): warps
 // as 32 fibers, the warp-collective instructions (mma.sync, shuffles, __syncwarp) emulated from their PTX
@@ -144,6 +144,38 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
+#endif
+}
+
+// Asynchronous copies from global to shared memory (cp.async, sm_80+): the bytes in flight hold no registers.
+// `ok` false writes zeros and reads nothing (src-size 0). Complete (for the issuing thread) at cp_async_wait<N>:
+// all but the N most recent committed groups have landed; other threads see them after a barrier.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool ok) {
+#if defined(STRATA_CUDA_EMULATE)
+  const uint4 v = ok ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
+  *static_cast<uint4*>(dst) = v;
+#else
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool ok) {
+#if defined(STRATA_CUDA_EMULATE)
+  *static_cast<float*>(dst) = ok ? __ldg(static_cast<const float*>(src)) : 0.0f;
+#else
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(STRATA_CUDA_EMULATE)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(STRATA_CUDA_EMULATE)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 

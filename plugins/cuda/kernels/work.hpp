@@ -89,11 +89,12 @@ constexpr int kGemvStepCols = 1024;
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, cudaStream_t stream);
-// Tensor-core int4 kernels. splits: 3 (exact mode) with nt in {1, 2, 3}, or 1 (W4A16) with nt in {1, 2, 4}.
-cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+// Tensor-core int4 kernels. splits: 3 (exact mode) with nt in {1, 2, 3}, or 1 (W4A16) with nt in {1, 2, 4};
+// async_loads: weights through a cp.async ring in shared memory (else through registers).
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4g64_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4row_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
