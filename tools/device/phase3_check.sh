@@ -12,7 +12,7 @@
 # (default "--prefill 32 --decode 16 --reps 2") the end-to-end one. A config named NAME+ab runs NAME.yaml with
 # bench_e2e --ab-overlap (overlap on / off alternating in one process: the overlap efficiency); NAME[+ab]@N runs
 # it with --threads N. STEPS may add "ncu": Nsight Compute on bench_cuda --decode --rounds 1 for the kernels
-# matching NCU_KERNEL (default regex:tc_q4), NCU_SKIP / NCU_COUNT launches (default 2 / 2), into ncu.txt.
+# matching NCU_KERNEL (see 2b), NCU_SKIP / NCU_COUNT launches (default 2 / 2), into ncu-N.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 b=${BUNDLE:-build-cuda/bundle}  # BUNDLE: another bundle folder (e.g. build/bundle)
@@ -45,15 +45,20 @@ if want bench; then
   grep -E "GLM|glm|%|floor" "$out/bench_cuda.log" | head -40 >> "$summary"
 fi
 
-# 2b. Nsight Compute on the decode kernels (base clocks; the report is the text of the chosen sections).
+# 2b. Nsight Compute on the decode kernels (base clocks; the report is the text of the chosen sections). NCU_KERNEL
+#     is one or more ';'-separated regexes over the demangled names, e.g. "tc_q4_kernel<4, 3, 1, (true|false), true>".
 if want ncu; then
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout 240 "$ncu" -k "${NCU_KERNEL:-regex:tc_q4}" --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_COUNT:-2}" \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-    --section LaunchStats --section SchedulerStats "$b/bin/bench_cuda" --decode --rounds 1 > "$out/ncu.txt" 2>&1
-  note "ncu ${NCU_KERNEL:-regex:tc_q4}: exit $?; $(grep -cE '^  [a-z_]+.*\(' "$out/ncu.txt") kernels profiled"
-  grep -E "^  [a-z_]|Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Achieved Occupancy|Registers Per|No Eligible" \
-    "$out/ncu.txt" | head -40 >> "$summary"
+  IFS=';' read -ra kernels <<< "${NCU_KERNEL:-tc_q4}"
+  for i in "${!kernels[@]}"; do
+    timeout 200 "$ncu" --kernel-name-base demangled -k "regex:${kernels[$i]}" --launch-skip "${NCU_SKIP:-2}" \
+      --launch-count "${NCU_COUNT:-2}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+      "$b/bin/bench_cuda" --decode --rounds 1 > "$out/ncu-$i.txt" 2>&1
+    note "ncu ${kernels[$i]}: exit $?"
+    grep -E "^  [a-z_]|Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|No Eligible|Block Limit" \
+      "$out/ncu-$i.txt" | head -40 >> "$summary"
+  done
 fi
 
 # 3. The expert tiers end to end on a synthetic GLM-5.2-shaped container (1 dense + 2 MoE layers).
