@@ -2,8 +2,8 @@
 //   1. the copy bandwidth of the device (the ceiling, read + write) and the 4.8 TB/s datasheet figure;
 //   2. GLM-5.2 routed-expert layer at decode: 8 experts of gate/up 2048x6144 + down 6144x2048, Q4_G64 (and
 //      Q4_ROW), 1-8 rows per expert, GB/s of weights read (cold: rotating over layers 10x the L2), for the
-//      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default;
-//      also with its weights through registers instead of the cp.async ring: STRATA_CUDA_TC_LOADS=regs) and SIMT;
+//      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default) and
+//      SIMT;
 //   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
 //   4. the exact paths (gemv, tensor cores with 3 bf16 parts) vs W4A16 at 1..512 rows per expert: TFLOP/s,
 //      and where W4A16 (and the tensor cores) start to pay (the crossovers);
@@ -234,16 +234,13 @@ int main(int argc, char** argv) {
         int gemv_max_rows;
         bool simt;
         int max_rows;
-        bool tc_async;
       };
-      const Variant variants[] = {{"gemv f32 (exact, opt-in)", -1, false, 8, true},
-                                  {"tensor cores, exact (default)", 0, false, 8, true},
-                                  {"tensor cores, register loads", 0, false, 8, false},
-                                  {"SIMT f32", -1, true, 4, true}};
+      const Variant variants[] = {{"gemv dp4a (exact, opt-in)", -1, false, 8},
+                                  {"tensor cores, exact (default)", 0, false, 8},
+                                  {"SIMT f32", -1, true, 4}};
       for (const Variant& v : variants) {
         b.settings().gemv_max_rows = v.gemv_max_rows;
         b.settings().force_simt = v.simt;
-        b.settings().tc_async = v.tc_async;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows > v.max_rows || (quick && v.simt)) continue;
           std::vector<float> x(static_cast<size_t>(rows * H));
@@ -266,7 +263,6 @@ int main(int argc, char** argv) {
         }
       }
       b.settings().force_simt = false;
-      b.settings().tc_async = true;
       b.settings().gemv_max_rows = -1;
     }
 

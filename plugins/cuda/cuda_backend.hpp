@@ -70,9 +70,6 @@ struct Settings {
   int gemv_max_rows = 0;
   // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the gemv / tensor-core kernels.
   bool force_simt = false;
-  // Tensor-core kernels: weights through a cp.async ring in shared memory (true), or through registers
-  // (STRATA_CUDA_TC_LOADS=regs; for A/B measurement). Same results either way.
-  bool tc_async = true;
 };
 
 class CudaBackend {

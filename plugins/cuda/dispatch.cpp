@@ -301,7 +301,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
         (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : -1;
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
-  if (const char* v = std::getenv("STRATA_CUDA_TC_LOADS")) settings_.tc_async = std::strcmp(v, "regs") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
     if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
@@ -881,11 +880,11 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {
-          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream)
-                  : launch_gate_up_q4row_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
+                  : launch_gate_up_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
         } else {
-          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream)
-                  : launch_linear_q4row_tc(l.splits, l.nt, settings_.tc_async, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
+                  : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
         }
       } else if (l.splits == kGemvSplits) {
         const bool g64 = l.dtype == kQ4G64;

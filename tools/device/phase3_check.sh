@@ -61,6 +61,22 @@ if want ncu; then
   done
 fi
 
+# 2c. Nsight Systems: every kernel's mean duration and the GPU trace of bench_cuda --decode (gaps between the
+#     kernels of a group), if nsys is there.
+if want nsys; then
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$nsys" ]; then
+    timeout 200 "$nsys" profile -t cuda -o "$out/bench" --force-overwrite true "$b/bin/bench_cuda" --decode --rounds 2 \
+      > "$out/nsys-run.txt" 2>&1
+    note "nsys: exit $?"
+    "$nsys" stats -r cuda_gpu_kern_sum -f csv "$out/bench.nsys-rep" > "$out/nsys-kern.csv" 2>&1
+    "$nsys" stats -r cuda_gpu_trace -f csv "$out/bench.nsys-rep" 2>/dev/null | gzip > "$out/nsys-trace.csv.gz"
+    rm -f "$out/bench.nsys-rep" "$out/bench.sqlite"
+  else
+    note "nsys: not found"
+  fi
+fi
+
 # 3. The expert tiers end to end on a synthetic GLM-5.2-shaped container (1 dense + 2 MoE layers).
 synth=/tmp/synth-glm52
 if want e2e && [ "$(left)" -gt 150 ]; then

@@ -1,6 +1,6 @@
 // Device helpers shared by the kernels: bf16 splitting of f32 values, the operand column order, silu, the
 // gemv activation scaling, the gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming
-// loads, cp.async, bf16x2 fma).
+// loads, bf16x2 fma, dp4a).
 //
 // With STRATA_CUDA_EMULATE the same kernel sources compile with g++ and run on the CPU (plugins/cuda/emu): warps
 // as 32 fibers, the warp-collective instructions (mma.sync, shuffles, __syncwarp) emulated from their PTX
@@ -12,7 +12,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "work.hpp"
 
@@ -147,35 +149,43 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 #endif
 }
 
-// Asynchronous copies from global to shared memory (cp.async, sm_80+): the bytes in flight hold no registers.
-// `ok` false writes zeros and reads nothing (src-size 0). Complete (for the issuing thread) at cp_async_wait<N>:
-// all but the N most recent committed groups have landed; other threads see them after a barrier.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool ok) {
+// Round to the nearest integer (ties to even), as cvt.rni.s32.f32.
+__device__ __forceinline__ int f2i_rn(float v) {
 #if defined(STRATA_CUDA_EMULATE)
-  const uint4 v = ok ? __ldg(static_cast<const uint4*>(src)) : make_uint4(0u, 0u, 0u, 0u);
-  *static_cast<uint4*>(dst) = v;
+  return static_cast<int>(std::nearbyint(v));
 #else
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  return __float2int_rn(v);
 #endif
 }
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool ok) {
+__device__ __forceinline__ uint32_t f32_bits(float v) {
 #if defined(STRATA_CUDA_EMULATE)
-  *static_cast<float*>(dst) = ok ? __ldg(static_cast<const float*>(src)) : 0.0f;
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
 #else
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
+  return __float_as_uint(v);
 #endif
 }
-__device__ __forceinline__ void cp_async_commit() {
-#if !defined(STRATA_CUDA_EMULATE)
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+
+// Integer dot products of 4 byte pairs plus c (dp4a): a's bytes signed (su) or unsigned (uu), b's unsigned.
+__device__ __forceinline__ int dp4a_su(uint32_t a, uint32_t b, int c) {
+#if defined(STRATA_CUDA_EMULATE)
+  for (int i = 0; i < 4; ++i) c += static_cast<int8_t>((a >> (8 * i)) & 0xFFu) * static_cast<int>((b >> (8 * i)) & 0xFFu);
+  return c;
+#else
+  int d;
+  asm("dp4a.s32.u32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 #endif
 }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if !defined(STRATA_CUDA_EMULATE)
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+__device__ __forceinline__ uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(STRATA_CUDA_EMULATE)
+  for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xFFu) * ((b >> (8 * i)) & 0xFFu);
+  return c;
+#else
+  uint32_t d;
+  asm("dp4a.u32.u32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 #endif
 }
 

@@ -5,9 +5,9 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_gate_up_q4row_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x,
                                  cudaStream_t stream) {
-  return launch_tc_q4<kQ4Row, true>(splits, nt, async_loads, items, n_items, grid_x, stream);
+  return launch_tc_q4<kQ4Row, true>(splits, nt, items, n_items, grid_x, stream);
 }
 
 }  // namespace strata_cuda

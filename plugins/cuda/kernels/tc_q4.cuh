@@ -43,12 +43,7 @@ constexpr int tc_min_blocks(int nt, bool gate_up) {
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
 }
 
-// ASYNC: the weights and Q4_G64 scales travel through a per-warp ring of kTcStages batches in shared memory
-// (cp.async), so kTcStages - 1 batches are in flight per warp without holding registers; otherwise through
-// registers, one batch ahead (two buffers).
-constexpr int kTcStages = 4;
-
-template <int FMT, int S, int NT, bool GATE_UP, bool ASYNC>
+template <int FMT, int S, int NT, bool GATE_UP>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
@@ -173,81 +168,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
       }
     }
   };
-  if constexpr (ASYNC) {
-    // A stage: the tile's 16 rows x U groups (16 x 128 bytes; in each row the 16-byte chunk c sits at
-    // c ^ (row & 7), so a warp's 8-byte reads below hit every bank twice, the minimum) and their scales.
-    struct alignas(16) StageBuf {
-      uint8_t w[16][U * 32];
-      float s[16][U];
-    };
-    __shared__ StageBuf ring[kTcWarps][kTcStages];
-    StageBuf* my = ring[warp];
-    // Lane l copies the chunks i * 32 + l (i = 0..3): chunk l % 8 of row 4 i + l / 8.
-    const uint8_t* wrow[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      wrow[i] = static_cast<const uint8_t*>(mat.data) +
-                static_cast<int64_t>(imin(m0 + 4 * i + (lane >> 3), rows_out - 1)) * mat.stride;
-    }
-    auto srow = [&](int r) { return mat.scales + static_cast<int64_t>(imin(m0 + r, rows_out - 1)) * n_groups_all; };
-    auto issue = [&](StageBuf& sb, int g0) {
-      const int ch = lane & 7;
-      const int gi = g0 + (ch >> 1);
-      const bool ok = gi < n_groups;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = 4 * i + (lane >> 3);
-        cp_async_16(&sb.w[r][(ch ^ (r & 7)) * 16], wrow[i] + (ok ? static_cast<int64_t>(gi) * 32 + (ch & 1) * 16 : 0),
-                    ok);
-      }
-      if constexpr (kGrouped) {
-        if (scales_x4) {  // a batch is whole or past the slice (both counts are multiples of U)
-          if (lane < 16) cp_async_16(&sb.s[lane][0], srow(lane) + (g0 < n_groups ? g0 : 0), g0 < n_groups);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int idx = lane + 32 * j, r = idx >> 2, u = idx & 3;
-            cp_async_4(&sb.s[r][u], srow(r) + (g0 + u < n_groups ? g0 + u : 0), g0 + u < n_groups);
-          }
-        }
-      }
-    };
-    const int n_batches = n_groups > g_first ? (n_groups - g_first + U - 1) / U : 0;  // warp-uniform
-#pragma unroll
-    for (int b = 0; b < kTcStages - 1; ++b) {
-      if (b < n_batches) issue(my[b], g_first + b * U);
-      cp_async_commit();  // one group per batch, empty past the end, so the wait count below holds
-    }
-    for (int b = 0; b < n_batches; ++b) {
-      cp_async_wait<kTcStages - 2>();  // this lane's copies of batch b have landed
-      __syncwarp();                    // ... and every lane's; batch b - 1's buffer is no longer read
-      const int nb = b + kTcStages - 1;
-      if (nb < n_batches) issue(my[nb % kTcStages], g_first + nb * U);
-      cp_async_commit();
-      const StageBuf& sb = my[b % kTcStages];
-      uint2 wv[U][2];
-      float sv[U][2];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int r = g + 8 * rr;  // r & 7 == g
-          wv[u][rr] = *reinterpret_cast<const uint2*>(&sb.w[r][((2 * u + (q >> 1)) ^ g) * 16 + (q & 1) * 8]);
-          sv[u][rr] = kGrouped ? sb.s[r][u] : 1.0f;
-        }
-      }
-      compute_batch(wv, sv, g_first + b * U);
-    }
-  } else {
-    uint2 wa[U][2], wb[U][2];
-    float sa[U][2], sb[U][2];
-    load_batch(wa, sa, g_first);
-    for (int g0 = g_first; g0 < n_groups; g0 += 2 * U) {
-      load_batch(wb, sb, g0 + U);
-      compute_batch(wa, sa, g0);
-      load_batch(wa, sa, g0 + 2 * U);
-      compute_batch(wb, sb, g0 + U);
-    }
+  uint2 wa[U][2], wb[U][2];
+  float sa[U][2], sb[U][2];
+  load_batch(wa, sa, g_first);
+  for (int g0 = g_first; g0 < n_groups; g0 += 2 * U) {
+    load_batch(wb, sb, g0 + U);
+    compute_batch(wa, sa, g0);
+    load_batch(wa, sa, g0 + 2 * U);
+    compute_batch(wb, sb, g0 + U);
   }
 
   // Epilogue: the slices' accumulators (rows g, g+8; columns 2q, 2q+1 of each n-tile) go through shared memory;
@@ -291,36 +219,19 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
 }
 
 // Launches the instance for (splits, nt); cudaErrorInvalidValue for a combination that is not instantiated.
-template <int FMT, bool GATE_UP, bool ASYNC>
-cudaError_t launch_tc_q4_as(int splits, int nt, const WorkItem* items, int n_items, int grid_x,
-                            cudaStream_t stream) {
+template <int FMT, bool GATE_UP>
+cudaError_t launch_tc_q4(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
+  if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
-  auto run = [&](auto kernel) {
-#if !defined(STRATA_CUDA_EMULATE)
-    if constexpr (ASYNC) {  // the ring (~37 KB a block) wants the shared-memory carveout at its largest
-      static const cudaError_t carve = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributePreferredSharedMemoryCarveout, static_cast<int>(cudaSharedmemCarveoutMaxShared));
-      if (carve != cudaSuccess) return carve;
-    }
-#endif
-    return launch_kernel(kernel, grid, block, stream, true, items);
-  };
-  if (splits == 3 && nt == 1) return run(&tc_q4_kernel<FMT, 3, 1, GATE_UP, ASYNC>);
-  if (splits == 3 && nt == 2) return run(&tc_q4_kernel<FMT, 3, 2, GATE_UP, ASYNC>);
-  if (splits == 3 && nt == 3) return run(&tc_q4_kernel<FMT, 3, 3, GATE_UP, ASYNC>);
-  if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP, ASYNC>);
-  if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP, ASYNC>);
-  if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP, ASYNC>);
+  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
+  if (splits == 3 && nt == 1) return run(&tc_q4_kernel<FMT, 3, 1, GATE_UP>);
+  if (splits == 3 && nt == 2) return run(&tc_q4_kernel<FMT, 3, 2, GATE_UP>);
+  if (splits == 3 && nt == 3) return run(&tc_q4_kernel<FMT, 3, 3, GATE_UP>);
+  if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP>);
+  if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP>);
+  if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP>);
   return cudaErrorInvalidValue;
-}
-
-template <int FMT, bool GATE_UP>
-cudaError_t launch_tc_q4(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x,
-                         cudaStream_t stream) {
-  if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
-  return async_loads ? launch_tc_q4_as<FMT, GATE_UP, true>(splits, nt, items, n_items, grid_x, stream)
-                     : launch_tc_q4_as<FMT, GATE_UP, false>(splits, nt, items, n_items, grid_x, stream);
 }
 
 }  // namespace strata_cuda

@@ -76,9 +76,9 @@ constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
 constexpr int kSimtRowsLinear = 4;
 constexpr int kSimtRowsGateUp = 2;
-// gemv kernels (int4, 1..8 tokens): 4 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs.
-// Their operands are marked by this "splits" value.
-constexpr int kGemvWarps = 4;
+// gemv kernels (int4, 1..8 tokens): 8 warps per block (they share the block's integer activations); a warp takes
+// 4 rows (linear) or 2 gate+up row pairs. Their operands are marked by this "splits" value.
+constexpr int kGemvWarps = 8;
 constexpr int kGemvMaxTok = 8;
 constexpr int kGemvRowsLinear = 4;
 constexpr int kGemvRowsGateUp = 2;
@@ -89,12 +89,11 @@ constexpr int kGemvStepCols = 1024;
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, cudaStream_t stream);
-// Tensor-core int4 kernels. splits: 3 (exact mode) with nt in {1, 2, 3}, or 1 (W4A16) with nt in {1, 2, 4};
-// async_loads: weights through a cp.async ring in shared memory (else through registers).
-cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_gate_up_q4row_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4g64_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4row_tc(int splits, int nt, bool async_loads, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+// Tensor-core int4 kernels. splits: 3 (exact mode) with nt in {1, 2, 3}, or 1 (W4A16) with nt in {1, 2, 4}.
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
