@@ -2,6 +2,7 @@
 // chunks of tokens, kernel choice per format and row count), staging slots (a stream, pinned buffers, one
 // device buffer each), issue/take. Every CUDA call is checked; failures become Failure(status, text).
 #include <cuda_runtime.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -984,7 +985,13 @@ void CudaBackend::take(strata_group* group) {
   std::unique_ptr<strata_group> g(group);
   Slot* s = g->slot;
   const cudaError_t sd = cudaSetDevice(device_);
-  const cudaError_t e = sd != cudaSuccess ? sd : cudaEventSynchronize(s->done);
+  // Polls instead of cudaEventSynchronize (which spins without yielding): the taker may be a thread beside the
+  // CPU rows (the store's issue thread), which must hand its core to them while the GPU works, and a lone waiter
+  // still sees the event within a query's time.
+  cudaError_t e = sd;
+  if (e == cudaSuccess) {
+    while ((e = cudaEventQuery(s->done)) == cudaErrorNotReady) sched_yield();
+  }
   if (e != cudaSuccess) {
     sync_quietly(*s);
     release_slot(s);

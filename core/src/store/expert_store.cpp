@@ -1002,8 +1002,19 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     s.tel.take_s += seconds_since(t1);
   };
   if (issue_beside) {
+    // The issue thread also takes the group (its wait yields the core to the CPU rows), so the copy of the
+    // outputs and the CUDA calls of the take are off this thread's path too; a failure is recomputed here.
     if (!s.issuer) s.issuer = std::make_unique<IssueThread>();
-    s.issuer->post(issue_gpu);
+    s.issuer->post([&] {
+      issue_gpu();
+      if (issue_failed) return;
+      try {
+        pending.take();
+      } catch (const Error& e) {
+        issue_failed = true;
+        issue_error = e.what();
+      }
+    });
     issue_posted = true;
   } else if (!gpu_tasks.empty()) {
     issue_gpu();
@@ -1123,9 +1134,11 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
   if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
-  if (issue_posted) {
+  if (issue_posted) {  // issued and taken on the issue thread; waiting for it is the take's wait
+    const auto t1 = std::chrono::steady_clock::now();
     s.issuer->wait();
     issue_posted = false;
+    s.tel.take_s += seconds_since(t1);
     s.tel.gpu_issue_s += issue_s;
     if (issue_failed) recompute_gpu_on_cpu(issue_error);
   }
