@@ -986,11 +986,12 @@ void CudaBackend::take(strata_group* group) {
   Slot* s = g->slot;
   const cudaError_t sd = cudaSetDevice(device_);
   // Polls instead of cudaEventSynchronize (which spins without yielding): the taker may be a thread beside the
-  // CPU rows (the store's issue thread), which must hand its core to them while the GPU works, and a lone waiter
-  // still sees the event within a query's time.
+  // CPU rows (the store's issue thread), which offers its core to them while the GPU works (sched_yield: the
+  // scheduler may still run it), and a lone waiter still sees the event within a query's time.
   cudaError_t e = sd;
   if (e == cudaSuccess) {
     while ((e = cudaEventQuery(s->done)) == cudaErrorNotReady) sched_yield();
+    if (e == cudaSuccess) (void)cudaGetLastError();  // no "not ready" left behind for this thread's next launch
   }
   if (e != cudaSuccess) {
     sync_quietly(*s);

@@ -486,6 +486,21 @@ static void gpu_case_gemv(const PluginRecord* rec) {
     }
   }
   CHECK(differ > 0);
+  // A non-finite activation gives NaN in its token's outputs (as the f32 reference gives NaN or Inf), never a
+  // finite number; the other tokens are untouched.
+  for (float bad : {NAN, INFINITY}) {
+    const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 9, 200);
+    auto x = random_vec(rng, 3 * 200);
+    x[200 + 77] = bad;  // token 1
+    std::vector<float> y(27, 0.0f), want(27);
+    gemv->matmul(w.view(), x.data(), 3, y.data());
+    ref->matmul(w.view(), x.data(), 3, want.data());
+    for (int o = 0; o < 9; ++o) {
+      CHECK(std::isnan(y[static_cast<size_t>(9 + o)]));
+      CHECK(y[static_cast<size_t>(o)] == doctest::Approx(want[static_cast<size_t>(o)]).epsilon(1e-4));
+      CHECK(y[static_cast<size_t>(18 + o)] == doctest::Approx(want[static_cast<size_t>(18 + o)]).epsilon(1e-4));
+    }
+  }
   MESSAGE(rec->name << " gemv: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = " << worst);
 }
 

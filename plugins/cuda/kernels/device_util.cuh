@@ -63,7 +63,8 @@ __device__ __forceinline__ int operand_slot(int c) { return (c & ~15) | ((c & 3)
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // The gemv kernels' activation scaling: column k of their operands holds x_k · 16^-(k % 4) (a power of two,
-// so exact), which turns each nibble's dequantization into one lop3 and one fadd (gemv_q4.cuh).
+// so exact). It served the earlier f32 gemv's dequantization; the dp4a kernels undo it when they convert the
+// activations to integers (gemv_q4.cuh).
 __device__ __forceinline__ float gemv_x_scale(int k) { return __uint_as_float((127u - 4u * (k & 3)) << 23); }
 
 // Where column k sits in a gemv operand row. Lane l of a warp step s reads the 16-byte weight chunk 32 s + l

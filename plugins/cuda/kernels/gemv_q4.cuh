@@ -25,7 +25,7 @@
 // column k holding x_k · 16^-(k % 4) at gemv_slot(k) (device_util.cuh); the scaling is undone exactly here.
 //
 // Order of the sums, per (row, token), the same for every T and every launch: each lane takes its chunks in
-// increasing order (Q4_G64: acc = fma(scale · 2^(E - 21), S, acc); Q4_ROW: acc = fma(2^(E - 21), S, acc), times
+// increasing order (Q4_G64: acc = fma(scale · 2^(E - 29), S, acc); Q4_ROW: acc = fma(2^(E - 29), S, acc), times
 // the row scale after the reduction), then a fixed xor-shuffle tree over the 32 lanes. Rows past the matrix
 // read a clamped (valid) row and are never stored; columns are padded to 64 with zero activations (device
 // copies pad with zero weights), so padding adds nothing.
@@ -40,7 +40,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int j) {
   return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
 }
 
-// Columns per activation tile (a whole number of warp steps; ~20-27 KB of shared memory a block).
+// Columns per activation tile (a whole number of warp steps; 18-37 KB of shared memory a block).
 __host__ __device__ constexpr int gemv_tile_cols(int t) { return (t <= 1 ? 6 : t <= 2 ? 3 : t <= 3 ? 2 : 1) * kGemvStepCols; }
 
 // Blocks (of 8 warps) per SM asked of the register allocator: 2 (16 warps, 128 registers). With 3 (85
@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     float mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // max |x'| per column class k % 4
+    float nonfinite = 0.0f;                   // NaN when a value is Inf or NaN (fmaxf would drop a NaN)
 #pragma unroll
     for (int qq = 0; qq < 8; ++qq) {
       const float4 v = quarter(qq);
@@ -132,13 +133,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
       mx[1] = fmaxf(mx[1], fabsf(v.y));
       mx[2] = fmaxf(mx[2], fabsf(v.z));
       mx[3] = fmaxf(mx[3], fabsf(v.w));
+      nonfinite += (v.x * 0.0f + v.y * 0.0f) + (v.z * 0.0f + v.w * 0.0f);
     }
     float big = fmaxf(fmaxf(mx[0], mx[1] * 16.0f), fmaxf(mx[2] * 256.0f, mx[3] * 4096.0f));  // exact
     big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, 1));  // the group's two chunks
+    nonfinite += __shfl_xor_sync(0xffffffffu, nonfinite, 1);
     // E_field of the maximum, at least 41 (groups below 2^-86 keep fewer bits: far below any tolerance), so
-    // that every factor below is a normal float.
+    // that the multipliers below and 2^(E - 29) are normal floats. A group holding an Inf or a NaN gives NaN
+    // (as the f32 reference would give NaN or Inf): its integers are zero and its factor NaN.
+    const bool bad = nonfinite != nonfinite;
     const int ef0 = static_cast<int>((f32_bits(big) >> 23) & 0xFFu);
-    const int ef = ef0 < 41 ? 41 : ef0;
+    const int ef = bad ? 41 : ef0 < 41 ? 41 : ef0;
     if (!live) return;
     int bsum[4] = {0, 0, 0, 0};  // Σ b_i over the chunk
 #pragma unroll
@@ -150,7 +155,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
         int m[8];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float4 q = quarter(2 * j + h);
+          const float4 q = bad ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : quarter(2 * j + h);
           // column class i: x_k = x'_k 16^i, times 2^(156 - E_field) = 2^(29 - E)
           m[4 * h + 0] = f2i_rn(q.x * __uint_as_float(static_cast<uint32_t>(283 - ef) << 23));
           m[4 * h + 1] = f2i_rn(q.y * __uint_as_float(static_cast<uint32_t>(287 - ef) << 23));
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
       for (int p = 0; p < 4; ++p) qx[t][p][half][cl] = make_uint4(planes[p][0], planes[p][1], planes[p][2], planes[p][3]);
     }
     qbias[t][cl] = make_int4(-8 * bsum[0], -8 * bsum[1], -8 * bsum[2], -8 * bsum[3]);
-    if ((cl & 1) == 0) qscale[t][cl >> 1] = __uint_as_float(static_cast<uint32_t>(ef - 29) << 23);
+    if ((cl & 1) == 0) qscale[t][cl >> 1] = bad ? __uint_as_float(0x7FC00000u) : __uint_as_float(static_cast<uint32_t>(ef - 29) << 23);
   };
 
   uint4 nw[NS];

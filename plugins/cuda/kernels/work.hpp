@@ -94,7 +94,7 @@ cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, i
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-// gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
+// gemv (memory-bound, exact integer dot products) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
