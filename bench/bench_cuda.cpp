@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
         bool simt;
         int max_rows;
       };
-      const Variant variants[] = {{"gemv dp4a (exact, opt-in)", -1, false, 8},
+      const Variant variants[] = {{"gemv f32 (exact, opt-in)", -1, false, 8},
                                   {"tensor cores, exact (default)", 0, false, 8},
                                   {"SIMT f32", -1, true, 4}};
       for (const Variant& v : variants) {

@@ -1,6 +1,6 @@
 // Device helpers shared by the kernels: bf16 splitting of f32 values, the operand column order, silu, the
 // gemv activation scaling, the gate_up epilogue store, and the few PTX instructions used (mma.sync, streaming
-// loads, bf16x2 fma, dp4a).
+// loads, bf16x2 fma).
 //
 // With STRATA_CUDA_EMULATE the same kernel sources compile with g++ and run on the CPU (plugins/cuda/emu): warps
 // as 32 fibers, the warp-collective instructions (mma.sync, shuffles, __syncwarp) emulated from their PTX
@@ -12,9 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "work.hpp"
 
@@ -63,8 +61,7 @@ __device__ __forceinline__ int operand_slot(int c) { return (c & ~15) | ((c & 3)
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 
 // The gemv kernels' activation scaling: column k of their operands holds x_k · 16^-(k % 4) (a power of two,
-// so exact). It served the earlier f32 gemv's dequantization; the dp4a kernels undo it when they convert the
-// activations to integers (gemv_q4.cuh).
+// so exact), which turns each nibble's dequantization into one lop3 and one fadd (gemv_q4.cuh).
 __device__ __forceinline__ float gemv_x_scale(int k) { return __uint_as_float((127u - 4u * (k & 3)) << 23); }
 
 // Where column k sits in a gemv operand row. Lane l of a warp step s reads the 16-byte weight chunk 32 s + l
@@ -147,46 +144,6 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-#endif
-}
-
-// Round to the nearest integer (ties to even), as cvt.rni.s32.f32.
-__device__ __forceinline__ int f2i_rn(float v) {
-#if defined(STRATA_CUDA_EMULATE)
-  return static_cast<int>(std::nearbyint(v));
-#else
-  return __float2int_rn(v);
-#endif
-}
-__device__ __forceinline__ uint32_t f32_bits(float v) {
-#if defined(STRATA_CUDA_EMULATE)
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  return u;
-#else
-  return __float_as_uint(v);
-#endif
-}
-
-// Integer dot products of 4 byte pairs plus c (dp4a): a's bytes signed (su) or unsigned (uu), b's unsigned.
-__device__ __forceinline__ int dp4a_su(uint32_t a, uint32_t b, int c) {
-#if defined(STRATA_CUDA_EMULATE)
-  for (int i = 0; i < 4; ++i) c += static_cast<int8_t>((a >> (8 * i)) & 0xFFu) * static_cast<int>((b >> (8 * i)) & 0xFFu);
-  return c;
-#else
-  int d;
-  asm("dp4a.s32.u32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#endif
-}
-__device__ __forceinline__ uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
-#if defined(STRATA_CUDA_EMULATE)
-  for (int i = 0; i < 4; ++i) c += ((a >> (8 * i)) & 0xFFu) * ((b >> (8 * i)) & 0xFFu);
-  return c;
-#else
-  uint32_t d;
-  asm("dp4a.u32.u32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
 #endif
 }
 

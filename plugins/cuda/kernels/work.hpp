@@ -76,9 +76,9 @@ constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
 constexpr int kSimtRowsLinear = 4;
 constexpr int kSimtRowsGateUp = 2;
-// gemv kernels (int4, 1..8 tokens): 8 warps per block (they share the block's integer activations); a warp takes
-// 4 rows (linear) or 2 gate+up row pairs. Their operands are marked by this "splits" value.
-constexpr int kGemvWarps = 8;
+// gemv kernels (int4, 1..8 tokens): 4 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs.
+// Their operands are marked by this "splits" value.
+constexpr int kGemvWarps = 4;
 constexpr int kGemvMaxTok = 8;
 constexpr int kGemvRowsLinear = 4;
 constexpr int kGemvRowsGateUp = 2;
@@ -94,7 +94,7 @@ cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, i
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-// gemv (memory-bound, exact integer dot products) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
+// gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
