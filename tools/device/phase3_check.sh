@@ -46,7 +46,8 @@ if want bench; then
 fi
 
 # 2b. Nsight Compute on the decode kernels (base clocks; the report is the text of the chosen sections). NCU_KERNEL
-#     is one or more ';'-separated regexes over the demangled names, e.g. "tc_q4_kernel<4, 3, 1, (true|false), true>".
+#     is one or more ';'-separated regexes over the demangled names, which carry casts: "(int)4, (int)1, (bool)1";
+#     e.g. "gemv_q4_kernel<.int.4, .int.1, .bool..>" (Q4_G64, 1 token, gate/up and linear).
 if want ncu; then
   ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   IFS=';' read -ra kernels <<< "${NCU_KERNEL:-tc_q4}"
@@ -59,22 +60,6 @@ if want ncu; then
     grep -E "^  [a-z_]|Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|L1/TEX Cache Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|No Eligible|Block Limit" \
       "$out/ncu-$i.txt" | head -40 >> "$summary"
   done
-fi
-
-# 2c. Nsight Systems: every kernel's mean duration and the GPU trace of bench_cuda --decode (gaps between the
-#     kernels of a group), if nsys is there.
-if want nsys; then
-  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  if [ -n "$nsys" ]; then
-    timeout 200 "$nsys" profile -t cuda -o "$out/bench" --force-overwrite true "$b/bin/bench_cuda" --decode --rounds 2 \
-      > "$out/nsys-run.txt" 2>&1
-    note "nsys: exit $?"
-    "$nsys" stats -r cuda_gpu_kern_sum -f csv "$out/bench.nsys-rep" > "$out/nsys-kern.csv" 2>&1
-    "$nsys" stats -r cuda_gpu_trace -f csv "$out/bench.nsys-rep" 2>/dev/null | gzip > "$out/nsys-trace.csv.gz"
-    rm -f "$out/bench.nsys-rep" "$out/bench.sqlite"
-  else
-    note "nsys: not found"
-  fi
 fi
 
 # 3. The expert tiers end to end on a synthetic GLM-5.2-shaped container (1 dense + 2 MoE layers).

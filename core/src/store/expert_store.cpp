@@ -924,11 +924,11 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
 
   // Whatever fails below (a read, a CPU group, the shared expert, a GPU fallback), the layer leaves the store
   // consistent: reads drained, graph tasks finished, no slot left pinned, no slot holding a partial read.
-  // What the issue writes lives out here: when the issue runs on the issue thread and the layer throws, cleanup
-  // waits for that thread before these go out of scope.
+  // What the issue (and, on the issue thread, the take) writes lives out here: when the layer throws, cleanup
+  // waits for that thread before these go out of scope. gpu_failed: the issue or that take failed.
   PendingGroup pending;
-  bool issue_failed = false;
-  std::string issue_error;
+  bool gpu_failed = false;
+  std::string gpu_error;
   double issue_s = 0;
   bool issue_posted = false;  // the GPU issue runs on the store's issue thread
   auto cleanup = [&] {
@@ -986,8 +986,8 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       pending = s.gpu->issue(x, T, H, gpu_tasks);
     } catch (const Error& e) {
       pending = PendingGroup();
-      issue_failed = true;
-      issue_error = e.what();
+      gpu_failed = true;
+      gpu_error = e.what();
     }
     issue_s = seconds_since(t0);
   };
@@ -1007,20 +1007,20 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     if (!s.issuer) s.issuer = std::make_unique<IssueThread>();
     s.issuer->post([&] {
       issue_gpu();
-      if (issue_failed) return;
+      if (gpu_failed) return;
       try {
         pending.take();
       } catch (const Error& e) {
-        issue_failed = true;
-        issue_error = e.what();
+        gpu_failed = true;
+        gpu_error = e.what();
       }
     });
     issue_posted = true;
   } else if (!gpu_tasks.empty()) {
     issue_gpu();
     s.tel.gpu_issue_s += issue_s;
-    if (issue_failed) {
-      recompute_gpu_on_cpu(issue_error);
+    if (gpu_failed) {
+      recompute_gpu_on_cpu(gpu_error);
     } else if (!s.options.overlap) {
       take_gpu();
     }
@@ -1140,7 +1140,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     issue_posted = false;
     s.tel.take_s += seconds_since(t1);
     s.tel.gpu_issue_s += issue_s;
-    if (issue_failed) recompute_gpu_on_cpu(issue_error);
+    if (gpu_failed) recompute_gpu_on_cpu(gpu_error);
   }
   if (pending) take_gpu();
   if (cpu_error) std::rethrow_exception(cpu_error);
