@@ -112,12 +112,15 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
 
 // Nibbles s and s + 4 of the 32-bit word w (columns s and s + 4 of its 8) as a bf16x2 of (nibble - 8), low half
 // = column s: the nibbles go into the mantissa of 128.0 (bf16 0x4300), then one fma subtracts 136 exactly.
-__device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s) {
-  const uint32_t v = ((w >> (4 * s)) & 0x000F000Fu) | 0x43004300u;
+// `magic` is 0x43004300 passed as a register the compiler cannot see through: the AND-OR is then one lop3
+// (with both constants as immediates it takes two).
+__device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s, uint32_t magic) {
 #if defined(STRATA_CUDA_EMULATE)
+  const uint32_t v = ((w >> (4 * s)) & 0x000F000Fu) | magic;
   return emu::bf16x2_sub136(v);
 #else
-  uint32_t d;
+  uint32_t v, d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(w >> (4 * s)), "n"(0x000F000F), "r"(magic));
   asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
   return d;
 #endif
