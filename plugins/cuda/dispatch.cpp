@@ -127,17 +127,30 @@ std::string cuda_text(cudaError_t e) {
   throw Failure(STRATA_ERR_INVALID_ARGUMENT, what);
 }
 
-// Tokens per work item for an operand of `splits` parts (3: exact tensor-core, 1: W4A16, 0: SIMT f32,
+// Tokens per work item for an operand of kind `splits` (kI8Splits: exact tensor-core, 1: W4A16, 0: SIMT f32,
 // kGemvSplits: gemv f32).
 int chunk_capacity(int splits) {
-  return splits == 3 ? 8 : splits == 1 ? 32 : splits == kGemvSplits ? kGemvMaxTok : kSimtMaxTok;
+  return splits == kI8Splits ? 8 : splits == 1 ? 32 : splits == kGemvSplits ? kGemvMaxTok : kSimtMaxTok;
 }
 
 // n-tiles needed for n tokens, rounded to an instantiated count.
 int nt_for(int splits, int n) {
-  if (splits == 3) return (3 * n + 7) / 8;  // 1..3 for n <= 8
+  if (splits == kI8Splits) return (kI8Planes * n + 7) / 8;  // 1..4 for n <= 8
   const int need = (n + 7) / 8;             // W4A16: 1, 2, 4
   return need <= 1 ? 1 : need <= 2 ? 2 : 4;
+}
+
+// Bytes of a tensor-core operand of nt n-tiles and row length kp (work.hpp): int8 digit planes and the group
+// multipliers, or bf16.
+uint64_t tc_operand_bytes(int splits, int nt, int64_t kp) {
+  const auto cols = static_cast<uint64_t>(8 * nt), len = static_cast<uint64_t>(kp);
+  if (splits == kI8Splits) return cols * len + static_cast<uint64_t>(2 * nt) * (len / kColPad) * 4;
+  return cols * len * 2;
+}
+
+// Threads a preparation job keeps busy: a warp per (token, group) for the int8 planes, else one per element.
+int64_t prep_threads(int splits, int64_t ncols, int64_t kp) {
+  return splits == kI8Splits ? ncols / kI8Planes * (kp / kColPad) * 32 : ncols * kp;
 }
 
 // Where a matrix's device copy is: a resident (pointers known) or a host matrix staged in the slot buffer.
@@ -174,6 +187,7 @@ struct ItemSpec {
 };
 
 struct JobSpec {
+  uint64_t src_off = kNone;   // device offset of the f32 source rows, or kNone (the call's x)
   uint64_t rows_off = kNone;  // device offset of the n_tok row indices, or kNone (consecutive rows from row0)
   int64_t x_ld;
   int row0, n_tok, cols, kp, splits, ncols;
@@ -192,8 +206,11 @@ struct Plan {
   uint64_t rows_off = 0;
   std::vector<ItemSpec> items;
   uint64_t items_off = 0;
+  // Preparation jobs: [0, n_jobs_first) before the first launch; the rest (the exact-mode down operands,
+  // encoded from gate_up's f32 output) before launch first_down_launch.
   std::vector<JobSpec> jobs;
   uint64_t jobs_off = 0;
+  size_t n_jobs_first = 0, first_down_launch = 0;
   uint64_t head_bytes = 0;  // [0, head_bytes) of the device buffer mirrors the pinned input buffer
   uint64_t y_off = 0, y_bytes = 0;
   uint64_t dev_bytes = 0;
@@ -574,8 +591,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const bool gu_q4 = is_q4(e.gate.dtype) && !settings_.force_simt;
     const bool dn_q4 = is_q4(e.down.dtype) && !settings_.force_simt;
     const bool gu_tc = gu_q4 && !gemv, dn_tc = dn_q4 && !gemv;
-    const int s_in = gu_q4 ? (gemv ? kGemvSplits : w4a16 ? 1 : 3) : 0;
-    const int s_h = dn_q4 ? (gemv ? kGemvSplits : w4a16 ? 1 : 3) : 0;
+    const int s_in = gu_q4 ? (gemv ? kGemvSplits : w4a16 ? 1 : kI8Splits) : 0;
+    const int s_h = dn_q4 ? (gemv ? kGemvSplits : w4a16 ? 1 : kI8Splits) : 0;
     const int cap = std::min(chunk_capacity(s_in), chunk_capacity(s_h));
     task_rows_at[static_cast<size_t>(t)] = p.rows.size();
     p.rows.insert(p.rows.end(), task.rows, task.rows + task.n_rows);
@@ -614,24 +631,33 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   p.x_off = lay.take(p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.items_off = lay.take(2 * chunks.size() * sizeof(WorkItem));
-  p.jobs_off = lay.take(chunks.size() * sizeof(PrepJob));
+  p.jobs_off = lay.take(2 * chunks.size() * sizeof(PrepJob));
   p.head_bytes = lay.cursor;
 
+  // Per chunk: its gate_up input operand, the region gate_up writes h to (h_off, cleared by the first
+  // preparation pass), and for an exact-mode down the operand encoded from that f32 h (dn_op_off).
   const int64_t hp = padded_cols(hidden);
   std::vector<uint64_t> in_off(chunks.size()), h_off(chunks.size()), h_bytes(chunks.size());
+  std::vector<uint64_t> dn_op_off(chunks.size(), kNone);
   int64_t max_prep = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
     const int64_t fp = padded_cols(c.gate.dm.rows);
     const int64_t in_cols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
     const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
-    const uint64_t in_bytes = static_cast<uint64_t>(in_cols * in_ld) * (c.gu.tc ? 2 : 4);
-    const int64_t h_cols = c.dn.tc ? 8 * dn_nt[c.dn] : c.n;
-    const int64_t h_ld = c.dn.tc ? fp : f32_operand_ld(c.dn.splits, fp);
-    h_bytes[i] = static_cast<uint64_t>(h_cols * h_ld) * (c.dn.tc ? 2 : 4);
+    const uint64_t in_bytes = c.gu.tc ? tc_operand_bytes(c.gu.splits, gu_nt[c.gu], hp)
+                                      : static_cast<uint64_t>(in_cols * in_ld) * 4;
+    const bool dn_i8 = c.dn.tc && c.dn.splits == kI8Splits;
+    const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
+    h_bytes[i] = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, dn_nt[c.dn], fp)
+                                   : static_cast<uint64_t>(c.n * h_ld) * 4;
     in_off[i] = lay.take(in_bytes);
     h_off[i] = lay.take(h_bytes[i]);
-    max_prep = std::max({max_prep, in_cols * in_ld, static_cast<int64_t>(h_bytes[i] / 16)});
+    if (dn_i8) {
+      dn_op_off[i] = lay.take(tc_operand_bytes(kI8Splits, dn_nt[c.dn], fp));
+      max_prep = std::max(max_prep, prep_threads(kI8Splits, 8 * dn_nt[c.dn], fp));
+    }
+    max_prep = std::max({max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(h_bytes[i] / 16)});
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
@@ -666,13 +692,14 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
           it.in_off = in_off[i];
           it.in_splits = c.gu.splits;
           it.h_off = h_off[i];
-          it.h_splits = c.dn.splits;  // tensor-core parts, 0 (SIMT f32) or kGemvSplits (gemv f32)
+          // The down operand's form (W4A16 bf16, SIMT f32 or gemv f32), or f32 to encode from (exact mode).
+          it.h_splits = c.dn.splits == kI8Splits ? 0 : c.dn.splits;
           it.h_kp = static_cast<int>(padded_cols(c.gate.dm.rows));
           max_rows = std::max(max_rows, c.gate.dm.rows);
         } else {
           it.w0 = c.down;
           it.w1 = c.down;
-          it.in_off = h_off[i];
+          it.in_off = dn_op_off[i] != kNone ? dn_op_off[i] : h_off[i];
           it.in_splits = c.dn.splits;
           it.y_off = p.y_off + y_task[static_cast<size_t>(c.task)] +
                      static_cast<uint64_t>(c.start) * static_cast<uint64_t>(hidden) * 4;
@@ -687,6 +714,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     }
   };
   emit(true);
+  p.first_down_launch = p.launches.size();
   emit(false);
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
@@ -705,6 +733,23 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.zero_bytes = static_cast<int64_t>(h_bytes[i]);
     p.jobs.push_back(j);
   }
+  p.n_jobs_first = p.jobs.size();
+  for (size_t i = 0; i < chunks.size(); ++i) {  // the exact-mode down operands, from gate_up's f32 h
+    const Chunk& c = chunks[i];
+    if (dn_op_off[i] == kNone) continue;
+    const int64_t fp = padded_cols(c.gate.dm.rows);
+    JobSpec j;
+    j.src_off = h_off[i];
+    j.x_ld = fp;
+    j.row0 = 0;
+    j.n_tok = c.n;
+    j.cols = static_cast<int>(fp);
+    j.kp = static_cast<int>(fp);
+    j.splits = kI8Splits;
+    j.ncols = 8 * dn_nt[c.dn];
+    j.dst_off = dn_op_off[i];
+    p.jobs.push_back(j);
+  }
   return p;
 }
 
@@ -721,13 +766,13 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   const bool q4 = is_q4(w.dtype) && !settings_.force_simt;
   const bool gemv = q4 && use_gemv(settings_, n_x_rows);
   const bool tc = q4 && !gemv;
-  const int splits = tc ? 3 : gemv ? kGemvSplits : 0;
+  const int splits = tc ? kI8Splits : gemv ? kGemvSplits : 0;
   const int cap = chunk_capacity(splits);
   const int n = static_cast<int>(n_x_rows);
   const int n_chunks = (n + cap - 1) / cap;
   int nt = 0;
   if (tc) {
-    for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(3, std::min(cap, n - s)));
+    for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(splits, std::min(cap, n - s)));
   }
   const int64_t kp = padded_cols(w.cols);
   const int64_t ld = tc ? kp : f32_operand_ld(splits, kp);  // the operand's row length
@@ -744,8 +789,9 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   for (int c = 0; c < n_chunks; ++c) {
     const int len = std::min(cap, n - c * cap);
     const int64_t cols = tc ? 8 * nt : len;
-    in_off[static_cast<size_t>(c)] = lay.take(static_cast<uint64_t>(cols * ld) * (tc ? 2 : 4));
-    max_prep = std::max(max_prep, cols * ld);
+    in_off[static_cast<size_t>(c)] =
+        lay.take(tc ? tc_operand_bytes(splits, nt, ld) : static_cast<uint64_t>(cols * ld) * 4);
+    max_prep = std::max(max_prep, prep_threads(splits, cols, ld));
   }
   p.y_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.rows) * 4;
   p.y_off = lay.take(p.y_bytes);
@@ -786,6 +832,8 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
     j.dst_off = in_off[static_cast<size_t>(c)];
     p.jobs.push_back(j);
   }
+  p.n_jobs_first = p.jobs.size();
+  p.first_down_launch = p.launches.size();
   return p;
 }
 
@@ -817,7 +865,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   for (size_t i = 0; i < p.jobs.size(); ++i) {
     const JobSpec& js = p.jobs[i];
     PrepJob j{};
-    j.x = reinterpret_cast<const float*>(base + p.x_off);
+    j.x = reinterpret_cast<const float*>(base + (js.src_off != kNone ? js.src_off : p.x_off));
     j.x_ld = js.x_ld;
     j.rows = js.rows_off != kNone ? reinterpret_cast<const int32_t*>(base + js.rows_off) : nullptr;
     j.dst = base + js.dst_off;
@@ -864,13 +912,20 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
 void CudaBackend::launch(Slot& s, const Plan& p) {
   if (p.items.empty()) return;
   constexpr int kMaxGridY = 65535;
-  for (size_t first = 0; first < p.jobs.size(); first += kMaxGridY) {
-    const int n = static_cast<int>(std::min<size_t>(kMaxGridY, p.jobs.size() - first));
-    STRATA_CK(
-        launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, s.stream),
-        "launch of prep_operands");
-  }
-  for (const LaunchSpec& l : p.launches) {
+  auto prep = [&](size_t from, size_t to) {
+    bool i8 = false;
+    for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
+    for (size_t first = from; first < to; first += kMaxGridY) {
+      const int n = static_cast<int>(std::min<size_t>(kMaxGridY, to - first));
+      STRATA_CK(launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8,
+                            s.stream),
+                "launch of prep_operands");
+    }
+  };
+  prep(0, p.n_jobs_first);
+  for (size_t li = 0; li < p.launches.size(); ++li) {
+    if (li == p.first_down_launch) prep(p.n_jobs_first, p.jobs.size());
+    const LaunchSpec& l = p.launches[li];
     for (int first = 0; first < l.n_items; first += kMaxGridY) {
       const int n = std::min(kMaxGridY, l.n_items - first);
       const WorkItem* items = reinterpret_cast<const WorkItem*>(s.dev + p.items_off) + l.first_item +

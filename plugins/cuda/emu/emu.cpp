@@ -77,7 +77,7 @@ namespace {
 
 constexpr size_t kStack = 256 * 1024;
 
-enum Op { kNone, kSync, kShfl, kMma, kBarrier };
+enum Op { kNone, kSync, kShfl, kMma, kMmaS8, kBarrier };
 
 struct Warp;
 
@@ -98,6 +98,7 @@ struct Warp {
   int shfl_mask[32];
   uint32_t a[32][4], b[32][2];
   float c[32][4], d[32][4];
+  int32_t ci[32][4], di[32][4];
 };
 
 thread_local Coords tls_coords;
@@ -151,6 +152,44 @@ void do_mma(Warp& w) {
     w.d[l][1] = D[g][2 * q + 1];
     w.d[l][2] = D[g + 8][2 * q];
     w.d[l][3] = D[g + 8][2 * q + 1];
+  }
+}
+
+int8_t byte_of(uint32_t v, int i) {
+  return static_cast<int8_t>(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+void do_mma_s8(Warp& w) {
+  int64_t A[16][32], B[32][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, q = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      A[g][4 * q + i] = byte_of(w.a[l][0], i);
+      A[g + 8][4 * q + i] = byte_of(w.a[l][1], i);
+      A[g][16 + 4 * q + i] = byte_of(w.a[l][2], i);
+      A[g + 8][16 + 4 * q + i] = byte_of(w.a[l][3], i);
+      B[4 * q + i][g] = byte_of(w.b[l][0], i);
+      B[16 + 4 * q + i][g] = byte_of(w.b[l][1], i);
+    }
+    C[g][2 * q] = w.ci[l][0];
+    C[g][2 * q + 1] = w.ci[l][1];
+    C[g + 8][2 * q] = w.ci[l][2];
+    C[g + 8][2 * q + 1] = w.ci[l][3];
+  }
+  int32_t D[16][8];
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      int64_t s = C[m][n];
+      for (int k = 0; k < 32; ++k) s += A[m][k] * B[k][n];
+      D[m][n] = static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(s)));  // mod 2^32
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, q = l % 4;
+    w.di[l][0] = D[g][2 * q];
+    w.di[l][1] = D[g][2 * q + 1];
+    w.di[l][2] = D[g + 8][2 * q];
+    w.di[l][3] = D[g + 8][2 * q + 1];
   }
 }
 
@@ -216,6 +255,8 @@ bool step_warp(Warp& w) {
       for (int l = 0; l < 32; ++l) w.shfl_out[l] = w.shfl_in[l ^ (w.shfl_mask[l] & 31)];
     } else if (op == kMma) {
       do_mma(w);
+    } else if (op == kMmaS8) {
+      do_mma_s8(w);
     } else if (op != kSync) {
       die("fiber yielded without a collective");
     }
@@ -318,6 +359,26 @@ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32
   w.op[l] = kMma;
   yield_to_scheduler();
   for (int i = 0; i < 4; ++i) d[i] = tls_warp->d[tls_lane][i];
+}
+
+void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                  int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  if (tls_warp == nullptr) die("mma outside a warp");
+  Warp& w = *tls_warp;
+  const int l = tls_lane;
+  w.a[l][0] = a0;
+  w.a[l][1] = a1;
+  w.a[l][2] = a2;
+  w.a[l][3] = a3;
+  w.b[l][0] = b0;
+  w.b[l][1] = b1;
+  w.ci[l][0] = c0;
+  w.ci[l][1] = c1;
+  w.ci[l][2] = c2;
+  w.ci[l][3] = c3;
+  w.op[l] = kMmaS8;
+  yield_to_scheduler();
+  for (int i = 0; i < 4; ++i) d[i] = tls_warp->di[tls_lane][i];
 }
 
 uint32_t bf16x2_sub136(uint32_t v) {

@@ -126,6 +126,46 @@ __device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s, uint32_t m
 #endif
 }
 
+// Exact-mode tensor-core operands (int8 digit planes, m16n8k32): within each 16-column chunk, slot s holds
+// column 8 (s >> 3) + 2 (s & 3) + ((s >> 2) & 1), so that the 16 bytes a thread loads per 64-column group are,
+// in order, its B registers of the group's two k-steps (b0, b1 of k-step 0, then of k-step 1), matching the A
+// registers q4_i8_even / q4_i8_odd make from its two weight words (tc_q4.cuh). Column c's slot:
+__device__ __forceinline__ int i8_slot(int c) {
+  return (c & ~15) | (c & 8) | ((c & 1) << 2) | ((c >> 1) & 3);
+}
+
+// The even (0, 2, 4, 6) or odd (1, 3, 5, 7) nibbles of the 32-bit word w (columns 0..7 of a word), each as a
+// signed byte 16 (nibble - 8): the nibble in the high half of its byte, its top bit flipped (x ^ 0x80 maps
+// 16 n to 16 n - 128). Byte i is column 2i (even) or 2i + 1 (odd). `flip` is 0x80808080 passed as a register
+// the compiler cannot see through (one lop3 then, instead of two).
+__device__ __forceinline__ uint32_t q4_i8_bytes(uint32_t v, uint32_t flip) {
+#if defined(STRATA_CUDA_EMULATE)
+  return (v & 0xF0F0F0F0u) ^ flip;
+#else
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6A;\n" : "=r"(d) : "r"(v), "n"(0xF0F0F0F0), "r"(flip));
+  return d;
+#endif
+}
+__device__ __forceinline__ uint32_t q4_i8_even(uint32_t w, uint32_t flip) { return q4_i8_bytes(w << 4, flip); }
+__device__ __forceinline__ uint32_t q4_i8_odd(uint32_t w, uint32_t flip) { return q4_i8_bytes(w, flip); }
+
+// D = A · B + C for one m16n8k32 tile of signed bytes, int32 accumulation (exact) (PTX ISA "mma.m16n8k32"
+// fragment layouts for .s8: a0: row g k 4q..4q+3, a1: row g+8 k 4q.., a2: row g k 16+4q.., a3: row g+8
+// k 16+4q..; b0: k 4q..4q+3 of column g, b1: k 16+4q..; c0,c1: row g columns 2q, 2q+1; c2,c3: row g+8).
+__device__ __forceinline__ void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1, int32_t c0, int32_t c1, int32_t c2,
+                                             int32_t c3) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mma_s8_16832(d, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3);
+#else
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c0), "r"(c1), "r"(c2), "r"(c3));
+#endif
+}
+
 // 8-byte load of streamed weights: read once, so kept out of L1 (the activations live there).
 __device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
 #if defined(STRATA_CUDA_EMULATE)

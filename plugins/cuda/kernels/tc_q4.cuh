@@ -48,10 +48,16 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
+  static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
+  constexpr bool kI8 = S == kI8Splits;
+  constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
   constexpr int NM = GATE_UP ? 2 : 1;  // weight matrices of an item
   constexpr int KS = kTcWarps / NM;    // K slices per matrix
   constexpr int U = 4;                 // 64-column groups per load batch
   constexpr bool kGrouped = FMT == kQ4G64;
+  // A thread's B values of one group and n-tile: int8, one 16-byte load (both k-steps); bf16, two (k-steps
+  // 0-1, then 2-3).
+  constexpr int BH = kI8 ? 1 : 2;
 
   const WorkItem& it = items[blockIdx.y];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -76,80 +82,117 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     wp[rr] = static_cast<const uint8_t*>(mat.data) + static_cast<int64_t>(rows[rr]) * mat.stride + q * 8;
     sp[rr] = mat.scales + (kGrouped ? static_cast<int64_t>(rows[rr]) * n_groups_all : rows[rr]);
   }
-  // This thread's B column is g of each n-tile; its 16 slots of a group start at q * 16.
-  const uint16_t* bp = static_cast<const uint16_t*>(it.in) + static_cast<int64_t>(g) * kp + q * 16;
-  const int64_t ntile_stride = static_cast<int64_t>(8) * kp;
-  // Operand columns past n_tok * S are zero: a thread whose column is one of them feeds zeros without loading
-  // them (at one decode token 3 of the 8 columns are live: the B traffic, twice the weights' bytes when all 8
-  // are read, drops by 8 / 3).
+  // This thread's B column is g of each n-tile; its 16 slots of a group start at slot q * 16 (bytes: int8;
+  // bf16 elements).
+  constexpr int kElem = kI8 ? 1 : 2;  // bytes per operand element
+  const uint8_t* bp = static_cast<const uint8_t*>(it.in) + (static_cast<int64_t>(g) * kp + q * 16) * kElem;
+  const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
+  // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
+  const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
+                    static_cast<int64_t>(q >> 1) * n_groups_all;
+  // Operand columns past n_tok tokens are zero: a thread whose column is one of them feeds zeros without
+  // loading them (at one decode token, int8: 4 of the 8 columns are live).
   // Only with one n-tile (up to 2 tokens in exact mode): with more, the predicate costs registers (spills).
   bool live[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) live[t] = NT > 1 || t * 8 + g < it.n_tok * S;
+  for (int t = 0; t < NT; ++t) live[t] = NT > 1 || t * 8 + g < it.n_tok * kColsPerTok;
 
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
-  // 0x43004300 (see q4_pair_bf16x2), or'ed with a zero the compiler cannot prove (n_tok is never negative).
-  const uint32_t magic = 0x43004300u | (static_cast<uint32_t>(it.n_tok) >> 31);
+  // The conversion constant (bf16: 0x43004300, see q4_pair_bf16x2; int8: 0x80808080, see q4_i8_bytes), or'ed
+  // with a zero the compiler cannot prove (n_tok is never negative), so that it stays in a register.
+  const uint32_t magic = (kI8 ? 0x80808080u : 0x43004300u) | (static_cast<uint32_t>(it.n_tok) >> 31);
 
-  // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, and this thread's B values (k-steps 0-1, 2-3).
-  // b(t, h): the B values of n-tile t for k-steps 2h, 2h + 1 (registers loaded ahead, or a load).
-  auto mma_group = [&](const uint2 (&w)[2], float sc0, float sc1, auto&& b) {
-    float c[NT][4];
-#pragma unroll
-    for (int s2 = 0; s2 < 4; s2 += 2) {
-      uint4 bh[NT];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) bh[t] = b(t, s2 >> 1);
-#pragma unroll
-    for (int s = s2; s < s2 + 2; ++s) {
-      const uint32_t a0 = q4_pair_bf16x2(w[0].x, s, magic), a1 = q4_pair_bf16x2(w[1].x, s, magic);
-      const uint32_t a2 = q4_pair_bf16x2(w[0].y, s, magic), a3 = q4_pair_bf16x2(w[1].y, s, magic);
+  // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t, half h:
+  // registers loaded ahead, or a load) and, int8, mult[t] (the group multiplier of n-tile t's token).
+  auto mma_group = [&](const uint2 (&w)[2], float sc0, float sc1, auto&& b, const float (&mult)[NT]) {
+    if constexpr (kI8) {
+      // Two k-steps of 32: word j of each row; its even nibbles are k-slots 4q.., its odd ones 16 + 4q..
+      // (the operand's column order, i8_slot). The int32 sums are exact, so their order is immaterial.
+      int32_t c[NT][4];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        const uint4& bq = bh[t];
-        const uint32_t b0 = (s & 1) == 0 ? bq.x : bq.z, b1 = (s & 1) == 0 ? bq.y : bq.w;
-        if (s == 0) {
-          mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, 0.0f, 0.0f, 0.0f, 0.0f);
+        const uint4 bq = b(t, 0);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t wg = j == 0 ? w[0].x : w[0].y, wh = j == 0 ? w[1].x : w[1].y;
+          const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
+          const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
+          const uint32_t b0 = j == 0 ? bq.x : bq.z, b1 = j == 0 ? bq.y : bq.w;
+          if (j == 0) {
+            mma_s8_16832(c[t], a0, a1, a2, a3, b0, b1, 0, 0, 0, 0);
+          } else {
+            mma_s8_16832(c[t], a0, a1, a2, a3, b0, b1, c[t][0], c[t][1], c[t][2], c[t][3]);
+          }
+        }
+      }
+      // |c| <= 64 * 128 * 128 = 2^20: exact in f32; the multiplier times the scale is exact (a power of 2).
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float f0 = kGrouped ? sc0 * mult[t] : mult[t], f1 = kGrouped ? sc1 * mult[t] : mult[t];
+        acc[t][0] = fmaf(f0, static_cast<float>(c[t][0]), acc[t][0]);
+        acc[t][1] = fmaf(f0, static_cast<float>(c[t][1]), acc[t][1]);
+        acc[t][2] = fmaf(f1, static_cast<float>(c[t][2]), acc[t][2]);
+        acc[t][3] = fmaf(f1, static_cast<float>(c[t][3]), acc[t][3]);
+      }
+    } else {
+      float c[NT][4];
+#pragma unroll
+      for (int s2 = 0; s2 < 4; s2 += 2) {
+        uint4 bh[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) bh[t] = b(t, s2 >> 1);
+#pragma unroll
+        for (int s = s2; s < s2 + 2; ++s) {
+          const uint32_t a0 = q4_pair_bf16x2(w[0].x, s, magic), a1 = q4_pair_bf16x2(w[1].x, s, magic);
+          const uint32_t a2 = q4_pair_bf16x2(w[0].y, s, magic), a3 = q4_pair_bf16x2(w[1].y, s, magic);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const uint32_t b0 = s == s2 ? bh[t].x : bh[t].z, b1 = s == s2 ? bh[t].y : bh[t].w;
+            if (s == 0) {
+              mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, 0.0f, 0.0f, 0.0f, 0.0f);
+            } else {
+              mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, c[t][0], c[t][1], c[t][2], c[t][3]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (kGrouped) {
+          acc[t][0] = fmaf(sc0, c[t][0], acc[t][0]);
+          acc[t][1] = fmaf(sc0, c[t][1], acc[t][1]);
+          acc[t][2] = fmaf(sc1, c[t][2], acc[t][2]);
+          acc[t][3] = fmaf(sc1, c[t][3], acc[t][3]);
         } else {
-          mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, c[t][0], c[t][1], c[t][2], c[t][3]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[t][i] += c[t][i];
         }
       }
     }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (kGrouped) {
-        acc[t][0] = fmaf(sc0, c[t][0], acc[t][0]);
-        acc[t][1] = fmaf(sc0, c[t][1], acc[t][1]);
-        acc[t][2] = fmaf(sc1, c[t][2], acc[t][2]);
-        acc[t][3] = fmaf(sc1, c[t][3], acc[t][3]);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] += c[t][i];
-      }
-    }
   };
+
   // The slice's groups in order: whole batches of U groups through the pipeline below, then the remaining
   // (n_mine % U, at most U - 1: only in the last slice of a matrix whose group count does not divide evenly)
   // one at a time. Pipeline: the weights of a batch are loaded one batch ahead (two register buffers, so one
-  // batch's loads are in flight while the other's are turned into mma), and each group's B values and scales
-  // one group ahead, so their L1/L2 latency hides behind the previous group's mma (when they were loaded just
-  // before use, ncu showed 52-58 % of cycles without an eligible warp). Pointers advance per load; no bounds
-  // checks inside a batch.
+  // batch's loads are in flight while the other's are turned into mma), and each group's B values, scales and
+  // multipliers one group ahead, so their L1/L2 latency hides behind the previous group's mma (when they were
+  // loaded just before use, ncu showed 52-58 % of cycles without an eligible warp). Pointers advance per load;
+  // no bounds checks inside a batch.
   const int n_mine = n_groups - g_first;
   const int nb = n_mine / U;
   // With 3 or more n-tiles the second set of B registers would spill: there each half of a group's B values is
-  // loaded just before its two k-steps.
+  // loaded just before its k-steps.
   constexpr bool kAheadB = NT <= 2;
   // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
   const uint8_t* w0 = wp[0] + static_cast<int64_t>(g_first) * 32;
   const float* s0 = sp[0] + g_first;
   const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
-  const uint16_t* bnext = bp + static_cast<int64_t>(g_first) * kColPad;
+  const uint8_t* bnext = bp + static_cast<int64_t>(g_first) * kColPad * kElem;
+  const float* mnext = mp + g_first;
   auto load_w = [&](uint2 (&wv)[U][2]) {  // the next batch's weights
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -158,55 +201,64 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     }
     w0 += 32 * U;
   };
-  auto b_load = [&](const uint16_t* p, int t, int h) {
-    return live[t] ? ld_cached_u4(p + t * ntile_stride + 8 * h) : make_uint4(0u, 0u, 0u, 0u);
+  auto b_load = [&](const uint8_t* p, int t, int h) {
+    return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
   };
-  // The next group's B values (kept in bv, or only its address noted in b_at) and scales; advances the pointers.
-  const uint16_t* b_at = bnext;
-  auto load_b = [&](uint4 (&bv)[NT][2], float (&sv)[2]) {
+  // The next group's B values (kept in bv, or only their address noted in b_at), scales and multipliers;
+  // advances the pointers.
+  const uint8_t* b_at = bnext;
+  auto load_b = [&](uint4 (&bv)[NT][BH], float (&sv)[2], float (&mv)[NT]) {
     if (kAheadB) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) bv[t][h] = b_load(bnext, t, h);
+        for (int h = 0; h < BH; ++h) bv[t][h] = b_load(bnext, t, h);
       }
     }
     b_at = bnext;
-    bnext += kColPad;
+    bnext += kColPad * kElem;
     if (kGrouped) {
       sv[0] = __ldg(s0);
       sv[1] = __ldg(s0 + s_d);
       ++s0;
     }
+    if (kI8) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) mv[t] = __ldg(mnext + 2 * t * n_groups_all);
+      ++mnext;
+    }
   };
-  uint4 bc[NT][2], bn[NT][2];
+  uint4 bc[NT][BH] = {}, bn[NT][BH] = {};
   float sc[2] = {0.0f, 0.0f}, sn[2] = {0.0f, 0.0f};
+  float mc[NT], mn[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) mc[t] = mn[t] = 0.0f;
   auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
   auto from_n = [&](int t, int h) { return bn[t][h]; };
-  // A batch: group u + 1's B values and scales are requested before group u's mma (the c/n buffers swap roles
-  // every group; U is even, so a batch starts and ends with the same roles). The last batch requests nothing
-  // past the slice.
+  // A batch: group u + 1's B values, scales and multipliers are requested before group u's mma (the c/n
+  // buffers swap roles every group; U is even, so a batch starts and ends with the same roles). The last batch
+  // requests nothing past the slice.
   static_assert(U % 2 == 0, "B buffers alternate per group");
   auto run_batch = [&](const uint2 (&wv)[U][2], bool last) {
 #pragma unroll
     for (int u = 0; u < U; u += 2) {
       if (!kAheadB) {
-        load_b(bc, sc);
-        mma_group(wv[u], sc[0], sc[1], from_c);
-        load_b(bc, sc);
-        mma_group(wv[u + 1], sc[0], sc[1], from_c);
+        load_b(bc, sc, mc);
+        mma_group(wv[u], sc[0], sc[1], from_c, mc);
+        load_b(bc, sc, mc);
+        mma_group(wv[u + 1], sc[0], sc[1], from_c, mc);
         continue;
       }
-      if (!last || u + 1 < U) load_b(bn, sn);
-      mma_group(wv[u], sc[0], sc[1], from_c);
-      if (!last || u + 2 < U) load_b(bc, sc);
-      mma_group(wv[u + 1], sn[0], sn[1], from_n);
+      if (!last || u + 1 < U) load_b(bn, sn, mn);
+      mma_group(wv[u], sc[0], sc[1], from_c, mc);
+      if (!last || u + 2 < U) load_b(bc, sc, mc);
+      mma_group(wv[u + 1], sn[0], sn[1], from_n, mn);
     }
   };
   if (nb > 0) {
     uint2 wa[U][2], wb[U][2];
     load_w(wa);
-    if (kAheadB) load_b(bc, sc);
+    if (kAheadB) load_b(bc, sc, mc);
     for (int b = 0; b < nb; b += 2) {
       if (b + 1 < nb) load_w(wb);
       run_batch(wa, b + 1 == nb);
@@ -219,8 +271,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
   for (int r = nb * U; r < n_mine; ++r) {
     const uint2 w[2] = {ld_stream_u2(w0), ld_stream_u2(w0 + w_d)};
     w0 += 32;
-    load_b(bc, sc);
-    mma_group(w, sc[0], sc[1], from_c);
+    load_b(bc, sc, mc);
+    mma_group(w, sc[0], sc[1], from_c, mc);
   }
 
   // Epilogue: the slices' accumulators (rows g, g+8; columns 2q, 2q+1 of each n-tile) go through shared memory;
@@ -249,14 +301,20 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     const int i = idx & 15, r = idx >> 4;
     const int o = m0 + i;
     if (o >= rows_out) continue;
-    float v0 = total(0, i, r * S);
-#pragma unroll
-    for (int p = 1; p < S; ++p) v0 += total(0, i, r * S + p);
+    // int8: the token's digit planes, most significant first: ((2^24 t3 + 2^16 t2) + 2^8 t1) + t0.
+    auto token = [&](int m) {
+      if constexpr (kI8) {
+        float v = total(m, i, kI8Planes * r + 3) * 16777216.0f;
+        v += total(m, i, kI8Planes * r + 2) * 65536.0f;
+        v += total(m, i, kI8Planes * r + 1) * 256.0f;
+        return v + total(m, i, kI8Planes * r);
+      } else {
+        return total(m, i, r);
+      }
+    };
+    const float v0 = token(0);
     if constexpr (GATE_UP) {
-      float v1 = total(1, i, r * S);
-#pragma unroll
-      for (int p = 1; p < S; ++p) v1 += total(1, i, r * S + p);
-      store_h(it, r, o, silu(v0) * v1);
+      store_h(it, r, o, silu(v0) * token(1));
     } else {
       it.y[static_cast<int64_t>(r) * it.y_ld + o] = v0;
     }
@@ -270,9 +328,10 @@ cudaError_t launch_tc_q4(int splits, int nt, const WorkItem* items, int n_items,
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
   auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
-  if (splits == 3 && nt == 1) return run(&tc_q4_kernel<FMT, 3, 1, GATE_UP>);
-  if (splits == 3 && nt == 2) return run(&tc_q4_kernel<FMT, 3, 2, GATE_UP>);
-  if (splits == 3 && nt == 3) return run(&tc_q4_kernel<FMT, 3, 3, GATE_UP>);
+  if (splits == kI8Splits && nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP>);
+  if (splits == kI8Splits && nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP>);
+  if (splits == kI8Splits && nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP>);
+  if (splits == kI8Splits && nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP>);
   if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP>);
   if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP>);
   if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP>);

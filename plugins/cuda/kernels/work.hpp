@@ -28,19 +28,24 @@ struct DevMatrix {
 // A work item: one chunk of tokens (rows of x) through one matrix (linear) or through a gate/up pair (gate_up).
 //
 // Input operand `in`, by kernel family:
-//  - tensor-core (int4) kernels: bf16, [ncols][kp] with ncols = 8 * NT of the launch; column n = r * in_splits + p
-//    holds split p of token r (in_splits = 3: the f32 value as hi + mid + lo bf16 parts, exact to ~2^-24;
-//    in_splits = 1: the value rounded to bf16, the W4A16 mode); columns past n_tok * in_splits are zero. Within
-//    each 16-column chunk the columns are stored 4x4-transposed (slot 4s + t holds column s + 4t), the order in
-//    which a thread feeds them to mma.sync (see tc_q4.cuh).
+//  - tensor-core (int4) kernels, exact mode (in_splits = kI8Splits): each token as 4 int8 digit planes of a
+//    per-64-column-group fixed-point form (see i8_encode in device_util.cuh): bytes [ncols][kp] with ncols =
+//    8 * NT of the launch, column n = 4 r + p holding plane p of token r (columns past 4 * n_tok zero), each
+//    16-column chunk permuted into the order a thread feeds mma.sync (i8_slot); then, at byte 8 * NT * kp,
+//    the group multipliers, f32 [2 * NT][kp / 64] (token r, group G: 2^(e - 34) for the group's exponent e,
+//    NaN for a group holding a non-finite value, 0 for tokens past n_tok).
+//  - tensor-core kernels, W4A16 mode (in_splits = 1): bf16, [ncols][kp] with ncols = 8 * NT; column r holds
+//    token r rounded to bf16; columns past n_tok are zero. Within each 16-column chunk the columns are stored
+//    4x4-transposed (slot 4s + t holds column s + 4t), the order in which a thread feeds them to mma.sync.
 //  - SIMT kernels: f32, [n_tok][kp] (in_splits = 0).
 //  - gemv kernels (int4, exact mode): f32 [n_tok][gemv_ld(kp)] with column k scaled by 16^-(k % 4), stored in
 //    the order the warps read it (gemv_slot: a warp's float4 loads are 512 contiguous bytes) (in_splits =
 //    kGemvSplits; see gemv_x_scale and gemv_q4.cuh).
 // Outputs:
 //  - linear: y[r * y_ld + o] (f32) for r < n_tok, o < rows.
-//  - gate_up: h = silu(gate·x) * (up·x) written as the next stage's input operand: h_splits > 0: the bf16
-//    tensor-core layout with h_splits parts per token, row length h_kp; h_splits == 0: f32 [n_tok][h_kp];
+//  - gate_up: h = silu(gate·x) * (up·x) written as the next stage's input operand: h_splits == 1: the W4A16
+//    bf16 layout, row length h_kp; h_splits == 0: f32 [n_tok][h_kp] (also the staging form the exact-mode
+//    down operand is encoded from, by a second preparation pass: its groups need their maxima first);
 //    h_splits == kGemvSplits: the gemv kernels' scaled, slot-ordered f32 [n_tok][gemv_ld(h_kp)].
 struct WorkItem {
   DevMatrix w0;  // linear: the weight; gate_up: gate
@@ -54,7 +59,8 @@ struct WorkItem {
 };
 
 // A preparation job: builds one work item's input operand from f32 rows of x (gathered through `rows`, or the
-// consecutive rows row0 ..), and zero-fills one other region (the operand its gate_up output goes to).
+// consecutive rows row0 ..), and zero-fills one other region (an operand or staging buffer its gate_up output
+// goes to).
 struct PrepJob {
   const float* x;
   int64_t x_ld;
@@ -63,8 +69,8 @@ struct PrepJob {
   void* zero;          // NULL or a region of zero_bytes (a multiple of 16) to clear
   int64_t zero_bytes;
   int32_t row0, n_tok, cols, kp;  // kp: the operand's row length (gemv: gemv_ld of the matrix's kp)
-  int32_t splits;  // > 0: the bf16 tensor-core layout with this many parts per token; 0: f32 [n_tok][kp];
-                   // kGemvSplits: f32 [n_tok][kp] scaled for the gemv kernels
+  int32_t splits;  // kI8Splits: the exact tensor-core digit planes; 1: the W4A16 bf16 layout; 0: f32
+                   // [n_tok][kp]; kGemvSplits: f32 [n_tok][kp] scaled for the gemv kernels
   int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
@@ -83,13 +89,17 @@ constexpr int kGemvMaxTok = 8;
 constexpr int kGemvRowsLinear = 4;
 constexpr int kGemvRowsGateUp = 2;
 constexpr int kGemvSplits = -1;
+// The exact tensor-core operands (int8 digit planes, 4 columns per token) are marked by this "splits" value.
+constexpr int kI8Splits = -2;
+constexpr int kI8Planes = 4;
 // A gemv warp step covers 32 lanes x 32 columns; a gemv operand row is a whole number of steps.
 constexpr int kGemvStepCols = 1024;
 
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, cudaStream_t stream);
-// Tensor-core int4 kernels. splits: 3 (exact mode) with nt in {1, 2, 3}, or 1 (W4A16) with nt in {1, 2, 4}.
+// warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu).
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, cudaStream_t stream);
+// Tensor-core int4 kernels. splits: kI8Splits (exact mode) with nt in 1..4, or 1 (W4A16) with nt in {1, 2, 4}.
 cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
