@@ -487,18 +487,48 @@ static void gpu_case_gemv(const PluginRecord* rec) {
   }
   CHECK(differ > 0);
   // A non-finite activation gives non-finite outputs for its token (as the f32 reference does), never a finite
-  // number; the other tokens are untouched.
+  // number; the other tokens are untouched. On gemv and on the exact tensor cores (whose int8 encoding marks
+  // the group's multiplier NaN), in matmul and in an expert (where the gate/up output h carries it to down).
   for (float bad : {NAN, INFINITY}) {
-    const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 9, 200);
-    auto x = random_vec(rng, 3 * 200);
-    x[200 + 77] = bad;  // token 1
-    std::vector<float> y(27, 0.0f), want(27);
-    gemv->matmul(w.view(), x.data(), 3, y.data());
+    for (Backend* be : {gemv.get(), tc.get()}) {
+      CAPTURE(bad);
+      CAPTURE(be == tc.get());
+      const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 9, 200);
+      auto x = random_vec(rng, 3 * 200);
+      x[200 + 77] = bad;  // token 1
+      std::vector<float> y(27, 0.0f), want(27);
+      be->matmul(w.view(), x.data(), 3, y.data());
+      ref->matmul(w.view(), x.data(), 3, want.data());
+      for (int o = 0; o < 9; ++o) {
+        CHECK(!std::isfinite(y[static_cast<size_t>(9 + o)]));
+        CHECK(y[static_cast<size_t>(o)] == doctest::Approx(want[static_cast<size_t>(o)]).epsilon(1e-4));
+        CHECK(y[static_cast<size_t>(18 + o)] == doctest::Approx(want[static_cast<size_t>(18 + o)]).epsilon(1e-4));
+      }
+      Group grp(rng, 200, 70, 3, {3}, same_format(WeightFormat::Q4_G64, 1));
+      grp.rows[0] = {0, 1, 2};
+      Group poisoned = grp;  // shares grp's weights (the views point into grp.store)
+      poisoned.x[200 + 5] = bad;  // x row 1: the expert's token 1
+      const auto got = poisoned.run(*be);
+      const auto clean = grp.run(*ref);
+      for (int o = 0; o < 200; ++o) {
+        CHECK(!std::isfinite(got[0][static_cast<size_t>(200 + o)]));
+        CHECK(got[0][static_cast<size_t>(o)] == doctest::Approx(clean[0][static_cast<size_t>(o)]).epsilon(1e-4));
+      }
+    }
+  }
+  // Activations over a wide range in the same 64-column groups (outliers 1e4 times the typical value beside
+  // values 1e-6 times it, as "massive activations" are): the exact tensor cores keep each group in fixed point
+  // to 2^-31 of its largest value, which stays within the bound; so does gemv (plain f32).
+  {
+    const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 48, 640);
+    auto x = random_vec(rng, 3 * 640);
+    for (size_t k = 0; k < x.size(); ++k) x[k] *= k % 97 == 5 ? 1e4f : k % 3 == 0 ? 1e-6f : 1.0f;
+    std::vector<float> want(3 * 48);
     ref->matmul(w.view(), x.data(), 3, want.data());
-    for (int o = 0; o < 9; ++o) {
-      CHECK(!std::isfinite(y[static_cast<size_t>(9 + o)]));
-      CHECK(y[static_cast<size_t>(o)] == doctest::Approx(want[static_cast<size_t>(o)]).epsilon(1e-4));
-      CHECK(y[static_cast<size_t>(18 + o)] == doctest::Approx(want[static_cast<size_t>(18 + o)]).epsilon(1e-4));
+    for (Backend* be : {gemv.get(), tc.get()}) {
+      std::vector<float> y(want.size(), NAN);
+      be->matmul(w.view(), x.data(), 3, y.data());
+      CHECK(rel_err(y.data(), want.data(), y.size()) <= kExactTol);
     }
   }
   MESSAGE(rec->name << " gemv: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = " << worst);

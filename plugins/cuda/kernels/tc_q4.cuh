@@ -1,23 +1,29 @@
 // Tensor-core kernels for int4 weights (Q4_G64, Q4_ROW): y = W · x for a chunk of tokens, or the fused expert
-// gate/up h = silu(gate · x) ⊙ (up · x), on mma.sync m16n8k16 (bf16 in, f32 accumulate), for sm_90 and newer.
+// gate/up h = silu(gate · x) ⊙ (up · x), on mma.sync, for sm_90 and newer. Two modes (S):
 //
-// The weights are the A operand (16 output rows per warp), the tokens the B operand (8 columns per n-tile).
-// int4 values (nibble - 8) are exact in bf16, so A is exact; each group of 64 columns is reduced by the tensor
-// cores from zero and then added to an f32 accumulator with its scale (Q4_G64: fma(scale, group, acc); Q4_ROW:
-// acc += group, times the row scale at the end). B holds each token as `S` bf16 parts:
-//   S = 3 (exact mode): hi + mid + lo represents the f32 activation to ~2^-24, so the result is an f32-accurate
-//        dot product (relative error ~1e-6, within the 1e-5 conformance bound) whose value for a token does not
-//        depend on the other tokens of the chunk, the chunk size or the n-tile count (every output column of an
-//        mma is computed on its own), so prefill and decode agree bit for bit;
-//   S = 1 (W4A16): the activation rounded to bf16 (relative error ~2^-9 per element; see plugins/cuda/README.md).
+//   S = kI8Splits (exact mode, the default): mma.m16n8k32 on signed bytes, int32 accumulation. A (weights) is
+//        16 (nibble - 8) as a signed byte, made from a word of 8 nibbles by one lop3 per 4 (q4_i8_even/odd).
+//        B holds each token as 4 columns, the int8 digit planes of a fixed-point form per 64-column group
+//        (prep_operands.cu: x = 2^(e - 30) m, |m| <= 2^30, m = d0 + 256 d1 + 65536 d2 + 2^24 d3). A group's
+//        int32 sums are exact; each is converted (|sum| <= 2^20: exact) and added to its plane's f32
+//        accumulator with the group multiplier 2^(e - 34) times the group scale (exact: a power of two), and
+//        the planes are combined at the end, most significant first. The only roundings are the encoding
+//        (2^-31 of the group's largest |x|) and the f32 accumulation over the groups, so the result is an
+//        f32-accurate dot product (measured against cpu_generic: below 1e-6 relative to the largest output).
+//        A token's value never depends on the other tokens of the chunk, the chunk size or the n-tile count
+//        (every output column of an mma is computed on its own), so prefill and decode agree bit for bit.
+//   S = 1 (W4A16): mma.m16n8k16 on bf16, f32 accumulation; B is the activation rounded to bf16 (relative error
+//        ~2^-9 per element; see plugins/cuda/README.md); A (nibble - 8) is exact in bf16 (q4_pair_bf16x2).
+//        Each group of 64 columns is reduced by the tensor cores from zero, then added to the f32 accumulator
+//        with its scale.
 //
 // Thread (g = lane / 4, q = lane % 4) of a warp owns, in every 64-column group, columns 16q .. 16q + 15 of rows
-// g and g + 8 of its 16-row tile: one 8-byte load per row (two words w0, w1 of 8 nibbles). In k-step s (0..3)
-// it feeds the mma with the nibble pairs (s, s + 4) of w0 and of w1, i.e. columns 16q + {s, s+4, s+8, s+12}.
-// The mma only needs A and B to agree on which column each k-slot is, so B is stored in that order: each
-// 16-column chunk of an operand row 4x4-transposed, so a thread's values for k-steps s and s + 1 are 16
-// contiguous bytes (one load; the 4 lanes of a row read 64 contiguous bytes). The Q4_G64 scales of a batch of
-// 4 groups are one 16-byte load where the rows' scales are 16-byte aligned.
+// g and g + 8 of its 16-row tile: one 8-byte load per row (two words w0, w1 of 8 nibbles). int8: k-step j
+// (0, 1) takes word j: its even nibbles are the k-slots 4q .. 4q + 3 of A, its odd ones 16 + 4q ..; bf16:
+// k-step s (0..3) takes the nibble pairs (s, s + 4) of w0 and w1, i.e. columns 16q + {s, s+4, s+8, s+12}. The
+// mma only needs A and B to agree on which column each k-slot is, so B is stored in that order (i8_slot,
+// operand_slot): a thread's B values of a group are 16 contiguous bytes (int8: both k-steps; bf16: two
+// k-steps, so two loads), and the 4 lanes of a column read 64 contiguous bytes.
 // There is no shape constraint: rows past the matrix are computed from a clamped row and never stored; columns
 // are padded to 64 with zero activations.
 //
@@ -276,8 +282,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
   }
 
   // Epilogue: the slices' accumulators (rows g, g+8; columns 2q, 2q+1 of each n-tile) go through shared memory;
-  // then each (row, token) adds its matrices' slices in order (Q4_ROW: times the row scale), sums its S parts
-  // in order and is stored.
+  // then each (row, token) adds its matrices' slices in order (Q4_ROW: times the row scale), combines its digit
+  // planes (int8) and is stored.
   constexpr int kCols = NT * 8 + 1;
   __shared__ float stage[kTcWarps][16][kCols];
 #pragma unroll
