@@ -184,8 +184,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
   // The slice's groups in order: whole batches of U groups through the pipeline below, then the remaining
   // (n_mine % U, at most U - 1: only in the last slice of a matrix whose group count does not divide evenly)
   // one at a time. Pipeline: the weights of a batch are loaded one batch ahead (two register buffers, so one
-  // batch's loads are in flight while the other's are turned into mma), and each group's B values, scales and
-  // multipliers one group ahead, so their L1/L2 latency hides behind the previous group's mma (when they were
+  // batch's loads are in flight while the other's are turned into mma), with the batch's scales, and each
+  // group's B values and multipliers one group ahead, so their L1/L2 latency hides behind the previous group's mma (when they were
   // loaded just before use, ncu showed 52-58 % of cycles without an eligible warp). Pointers advance per load;
   // no bounds checks inside a batch.
   const int n_mine = n_groups - g_first;
@@ -199,21 +199,33 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
   const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
   const uint8_t* bnext = bp + static_cast<int64_t>(g_first) * kColPad * kElem;
   const float* mnext = mp + g_first;
-  auto load_w = [&](uint2 (&wv)[U][2]) {  // the next batch's weights
+  // Q4_G64: a batch's scales are one 16-byte load per row where every row's scales are 16-byte aligned (one
+  // scalar load per group and row cost the L1 as many wavefronts as the weights: ncu, run6).
+  const bool scales_x4 = (n_groups_all & 3) == 0;
+  auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       wv[u][0] = ld_stream_u2(w0 + 32 * u);
       wv[u][1] = ld_stream_u2(w0 + w_d + 32 * u);
     }
     w0 += 32 * U;
+    if (kGrouped) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float* sr = s0 + rr * s_d;
+        sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
+                           : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
+      }
+      s0 += U;
+    }
   };
   auto b_load = [&](const uint8_t* p, int t, int h) {
     return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
   };
-  // The next group's B values (kept in bv, or only their address noted in b_at), scales and multipliers;
-  // advances the pointers.
+  // The next group's B values (kept in bv, or only their address noted in b_at) and multipliers; advances the
+  // pointers.
   const uint8_t* b_at = bnext;
-  auto load_b = [&](uint4 (&bv)[NT][BH], float (&sv)[2], float (&mv)[NT]) {
+  auto load_b = [&](uint4 (&bv)[NT][BH], float (&mv)[NT]) {
     if (kAheadB) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -223,11 +235,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     }
     b_at = bnext;
     bnext += kColPad * kElem;
-    if (kGrouped) {
-      sv[0] = __ldg(s0);
-      sv[1] = __ldg(s0 + s_d);
-      ++s0;
-    }
     if (kI8) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) mv[t] = __ldg(mnext + 2 * t * n_groups_all);
@@ -235,50 +242,53 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     }
   };
   uint4 bc[NT][BH] = {}, bn[NT][BH] = {};
-  float sc[2] = {0.0f, 0.0f}, sn[2] = {0.0f, 0.0f};
   float mc[NT], mn[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) mc[t] = mn[t] = 0.0f;
   auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
   auto from_n = [&](int t, int h) { return bn[t][h]; };
-  // A batch: group u + 1's B values, scales and multipliers are requested before group u's mma (the c/n
-  // buffers swap roles every group; U is even, so a batch starts and ends with the same roles). The last batch
-  // requests nothing past the slice.
+  // A batch: group u + 1's B values and multipliers are requested before group u's mma (the c/n buffers swap
+  // roles every group; U is even, so a batch starts and ends with the same roles). The last batch requests
+  // nothing past the slice.
   static_assert(U % 2 == 0, "B buffers alternate per group");
-  auto run_batch = [&](const uint2 (&wv)[U][2], bool last) {
+  auto run_batch = [&](const uint2 (&wv)[U][2], const float4 (&sv)[2], bool last) {
+    const float s_g[U] = {sv[0].x, sv[0].y, sv[0].z, sv[0].w}, s_h[U] = {sv[1].x, sv[1].y, sv[1].z, sv[1].w};
 #pragma unroll
     for (int u = 0; u < U; u += 2) {
       if (!kAheadB) {
-        load_b(bc, sc, mc);
-        mma_group(wv[u], sc[0], sc[1], from_c, mc);
-        load_b(bc, sc, mc);
-        mma_group(wv[u + 1], sc[0], sc[1], from_c, mc);
+        load_b(bc, mc);
+        mma_group(wv[u], s_g[u], s_h[u], from_c, mc);
+        load_b(bc, mc);
+        mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_c, mc);
         continue;
       }
-      if (!last || u + 1 < U) load_b(bn, sn, mn);
-      mma_group(wv[u], sc[0], sc[1], from_c, mc);
-      if (!last || u + 2 < U) load_b(bc, sc, mc);
-      mma_group(wv[u + 1], sn[0], sn[1], from_n, mn);
+      if (!last || u + 1 < U) load_b(bn, mn);
+      mma_group(wv[u], s_g[u], s_h[u], from_c, mc);
+      if (!last || u + 2 < U) load_b(bc, mc);
+      mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_n, mn);
     }
   };
   if (nb > 0) {
     uint2 wa[U][2], wb[U][2];
-    load_w(wa);
-    if (kAheadB) load_b(bc, sc, mc);
+    float4 sa[2] = {}, sb[2] = {};
+    load_w(wa, sa);
+    if (kAheadB) load_b(bc, mc);
     for (int b = 0; b < nb; b += 2) {
-      if (b + 1 < nb) load_w(wb);
-      run_batch(wa, b + 1 == nb);
+      if (b + 1 < nb) load_w(wb, sb);
+      run_batch(wa, sa, b + 1 == nb);
       if (b + 1 < nb) {
-        if (b + 2 < nb) load_w(wa);
-        run_batch(wb, b + 2 == nb);
+        if (b + 2 < nb) load_w(wa, sa);
+        run_batch(wb, sb, b + 2 == nb);
       }
     }
   }
   for (int r = nb * U; r < n_mine; ++r) {
     const uint2 w[2] = {ld_stream_u2(w0), ld_stream_u2(w0 + w_d)};
     w0 += 32;
-    load_b(bc, sc, mc);
-    mma_group(w, sc[0], sc[1], from_c, mc);
+    const float sg = kGrouped ? __ldg(s0) : 0.0f, sh = kGrouped ? __ldg(s0 + s_d) : 0.0f;
+    ++s0;
+    load_b(bc, mc);
+    mma_group(w, sg, sh, from_c, mc);
   }
 
   // Epilogue: the slices' accumulators (rows g, g+8; columns 2q, 2q+1 of each n-tile) go through shared memory;
