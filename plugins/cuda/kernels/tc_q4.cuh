@@ -42,15 +42,17 @@
 
 namespace strata_cuda {
 
-// Blocks per SM asked of the register allocator (sm_90, no spills): gate/up with 1 n-tile 96 registers (20
-// warps per SM), 2 n-tiles 128 (16), 3-4 n-tiles 168 (12); linear (its epilogue needs a few more) one step
-// less below 3 n-tiles.
-constexpr int tc_min_blocks(int nt, bool gate_up) {
+// Blocks per SM asked of the register allocator (sm_90, no spills in the main loop). W4A16 (bf16): gate/up
+// with 1 n-tile 96 registers (20 warps per SM), 2 n-tiles 128 (16), 3-4 n-tiles 168 (12); linear (its
+// epilogue needs a few more) one step less below 3 n-tiles. Exact (int8, units of two groups): 128 registers
+// (16 warps per SM) with 1 n-tile, 168 (12) with more.
+constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
+  if (s == kI8Splits) return nt <= 1 ? 4 : 3;
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
 }
 
 template <int FMT, int S, int NT, bool GATE_UP>
-__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
+__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -181,6 +183,166 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     }
   };
 
+  // With 3 or more n-tiles a second set of B registers would spill: there B is loaded just before its k-steps.
+  constexpr bool kAheadB = NT <= 2;
+  if constexpr (kI8) {
+    // int8: units of two groups (128 columns, 64 bytes of a row). Thread q reads 16 contiguous bytes of each of
+    // its rows, columns 32q .. 32q + 31 of the unit (half of group 2u + q / 2), one 16-byte load per row and
+    // unit: a warp's load touches 8 rows x 64 bytes, half the L1 wavefronts per byte of 8-byte loads (the
+    // L1 was the busiest unit, ncu run6). Word j of a row's 16 bytes feeds k-step j (0..3): even nibbles
+    // k-slots 4q.., odd ones 16 + 4q.. (the operand's B bytes are in that order: i8_slot, thread q's 32 bytes
+    // of a unit at 32q). Each k-step mixes the two groups (q < 2: the first, q >= 2: the second), so it runs
+    // twice, once per group with the other group's B registers masked to zero, into the group's own exact
+    // int32 sums.
+    const int n_mine = n_groups - g_first;  // g_first is a multiple of U (even)
+    const int nb = n_mine / U;              // whole batches of U / 2 units
+    const uint8_t* w0 = wp[0] + q * 8 + static_cast<int64_t>(g_first) * 32;  // wp holds q * 8: now 16 q
+    const float* s0 = sp[0] + g_first;
+    const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
+    const uint8_t* bnext = bp + q * 16 + static_cast<int64_t>(g_first) * kColPad;  // bp holds 16 q: now 32 q
+    const float* mnext = mp + g_first;
+    const uint32_t m_first = q < 2 ? 0xFFFFFFFFu : 0u, m_second = ~m_first;  // B masks of the unit's groups
+    const bool scales_x4 = (n_groups_all & 3) == 0;
+    constexpr int UN = U / 2;  // units per batch
+    static_assert(U % 2 == 0, "whole units per batch");
+    // One unit: w[0], w[1] its 16 bytes of rows g, g + 8; sg[k], sh[k] the scales of its group k (rows g,
+    // g + 8); b(t, h) the B values of n-tile t for k-steps 2h, 2h + 1; mult[t][k]; `two`: both groups exist.
+    auto mma_unit = [&](const uint4 (&w)[2], const float (&sg)[2], const float (&sh)[2], auto&& b,
+                        const float (&mult)[NT][2], bool two) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        int32_t c[2][4];
+        const uint4 bq[2] = {b(t, 0), b(t, 1)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t wg = j == 0 ? w[0].x : j == 1 ? w[0].y : j == 2 ? w[0].z : w[0].w;
+          const uint32_t wh = j == 0 ? w[1].x : j == 1 ? w[1].y : j == 2 ? w[1].z : w[1].w;
+          const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
+          const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
+          const uint4& bv = bq[j >> 1];
+          const uint32_t b0 = (j & 1) == 0 ? bv.x : bv.z, b1 = (j & 1) == 0 ? bv.y : bv.w;
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            if (k == 1 && !two) break;  // warp-uniform
+            const uint32_t m = k == 0 ? m_first : m_second;
+            if (j == 0) {
+              mma_s8_16832(c[k], a0, a1, a2, a3, b0 & m, b1 & m, 0, 0, 0, 0);
+            } else {
+              mma_s8_16832(c[k], a0, a1, a2, a3, b0 & m, b1 & m, c[k][0], c[k][1], c[k][2], c[k][3]);
+            }
+          }
+        }
+        // |c| <= 64 * 128 * 128 = 2^20: exact in f32; the multiplier times the scale is exact (a power of 2).
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          if (k == 1 && !two) break;
+          const float f0 = kGrouped ? sg[k] * mult[t][k] : mult[t][k];
+          const float f1 = kGrouped ? sh[k] * mult[t][k] : mult[t][k];
+          acc[t][0] = fmaf(f0, static_cast<float>(c[k][0]), acc[t][0]);
+          acc[t][1] = fmaf(f0, static_cast<float>(c[k][1]), acc[t][1]);
+          acc[t][2] = fmaf(f1, static_cast<float>(c[k][2]), acc[t][2]);
+          acc[t][3] = fmaf(f1, static_cast<float>(c[k][3]), acc[t][3]);
+        }
+      }
+    };
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {  // the next batch's weights and scales
+#pragma unroll
+      for (int u = 0; u < UN; ++u) {
+        wv[u][0] = ld_stream_u4(w0 + 64 * u);
+        wv[u][1] = ld_stream_u4(w0 + w_d + 64 * u);
+      }
+      w0 += 32 * U;
+      if (kGrouped) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float* sr = s0 + rr * s_d;
+          sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
+                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
+        }
+        s0 += U;
+      }
+    };
+    auto b_load = [&](const uint8_t* p, int t, int h) {
+      return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
+    const uint8_t* b_at = bnext;
+    auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
+      if (kAheadB) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) bv[t][h] = b_load(bnext, t, h);
+        }
+      }
+      b_at = bnext;
+      bnext += 2 * kColPad;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        mv[t][0] = __ldg(mnext + 2 * t * n_groups_all);
+        mv[t][1] = __ldg(mnext + 2 * t * n_groups_all + 1);
+      }
+      mnext += 2;
+    };
+    uint4 bc[NT][2] = {}, bn[NT][2] = {};
+    float mc[NT][2] = {}, mn[NT][2] = {};
+    auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
+    auto from_n = [&](int t, int h) { return bn[t][h]; };
+    static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
+    auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
+      const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
+      const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
+      if (!kAheadB) {
+        load_b(bc, mc);
+        mma_unit(wv[0], sg0, sh0, from_c, mc, true);
+        load_b(bc, mc);
+        mma_unit(wv[1], sg1, sh1, from_c, mc, true);
+        return;
+      }
+      load_b(bn, mn);
+      mma_unit(wv[0], sg0, sh0, from_c, mc, true);
+      if (!last) load_b(bc, mc);
+      mma_unit(wv[1], sg1, sh1, from_n, mn, true);
+    };
+    if (nb > 0) {
+      uint4 wa[UN][2], wb[UN][2];
+      float4 sa[2] = {}, sb[2] = {};
+      load_w(wa, sa);
+      if (kAheadB) load_b(bc, mc);
+      for (int bi = 0; bi < nb; bi += 2) {
+        if (bi + 1 < nb) load_w(wb, sb);
+        run_batch(wa, sa, bi + 1 == nb);
+        if (bi + 1 < nb) {
+          if (bi + 2 < nb) load_w(wa, sa);
+          run_batch(wb, sb, bi + 2 == nb);
+        }
+      }
+    }
+    // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
+    // evenly): a unit at a time, the second group of a last odd one absent (its bytes not loaded).
+    for (int r = nb * U; r < n_mine; r += 2) {
+      const bool two = r + 1 < n_mine;  // warp-uniform
+      const bool mine = q < 2 || two;   // this thread's 16 bytes exist
+      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+      const uint4 w[2] = {mine ? ld_stream_u4(w0) : z, mine ? ld_stream_u4(w0 + w_d) : z};
+      w0 += 64;
+      const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
+      const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
+      s0 += 2;
+      uint4 bt[NT][2];
+      float mt[NT][2];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) bt[t][h] = mine ? b_load(bnext, t, h) : z;
+        mt[t][0] = __ldg(mnext + 2 * t * n_groups_all);
+        mt[t][1] = two ? __ldg(mnext + 2 * t * n_groups_all + 1) : 0.0f;
+      }
+      bnext += 2 * kColPad;
+      mnext += 2;
+      mma_unit(w, sg, sh, [&](int t, int h) { return bt[t][h]; }, mt, two);
+    }
+  } else {
   // The slice's groups in order: whole batches of U groups through the pipeline below, then the remaining
   // (n_mine % U, at most U - 1: only in the last slice of a matrix whose group count does not divide evenly)
   // one at a time. Pipeline: the weights of a batch are loaded one batch ahead (two register buffers, so one
@@ -190,9 +352,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
   // no bounds checks inside a batch.
   const int n_mine = n_groups - g_first;
   const int nb = n_mine / U;
-  // With 3 or more n-tiles the second set of B registers would spill: there each half of a group's B values is
-  // loaded just before its k-steps.
-  constexpr bool kAheadB = NT <= 2;
   // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
   const uint8_t* w0 = wp[0] + static_cast<int64_t>(g_first) * 32;
   const float* s0 = sp[0] + g_first;
@@ -289,6 +448,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(NT, GATE_UP))
     ++s0;
     load_b(bc, mc);
     mma_group(w, sg, sh, from_c, mc);
+  }
+
   }
 
   // Epilogue: the slices' accumulators (rows g, g+8; columns 2q, 2q+1 of each n-tile) go through shared memory;
