@@ -63,9 +63,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   constexpr int KS = kTcWarps / NM;    // K slices per matrix
   constexpr int U = 4;                 // 64-column groups per load batch
   constexpr bool kGrouped = FMT == kQ4G64;
-  // A thread's B values of one group and n-tile: int8, one 16-byte load (both k-steps); bf16, two (k-steps
-  // 0-1, then 2-3).
-  constexpr int BH = kI8 ? 1 : 2;
 
   const WorkItem& it = items[blockIdx.y];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -87,13 +84,12 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   const float* sp[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    wp[rr] = static_cast<const uint8_t*>(mat.data) + static_cast<int64_t>(rows[rr]) * mat.stride + q * 8;
+    wp[rr] = static_cast<const uint8_t*>(mat.data) + static_cast<int64_t>(rows[rr]) * mat.stride;
     sp[rr] = mat.scales + (kGrouped ? static_cast<int64_t>(rows[rr]) * n_groups_all : rows[rr]);
   }
-  // This thread's B column is g of each n-tile; its 16 slots of a group start at slot q * 16 (bytes: int8;
-  // bf16 elements).
+  // This thread's B column is g of each n-tile.
   constexpr int kElem = kI8 ? 1 : 2;  // bytes per operand element
-  const uint8_t* bp = static_cast<const uint8_t*>(it.in) + (static_cast<int64_t>(g) * kp + q * 16) * kElem;
+  const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
@@ -114,75 +110,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   // with a zero the compiler cannot prove (n_tok is never negative), so that it stays in a register.
   const uint32_t magic = (kI8 ? 0x80808080u : 0x43004300u) | (static_cast<uint32_t>(it.n_tok) >> 31);
 
-  // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t, half h:
-  // registers loaded ahead, or a load) and, int8, mult[t] (the group multiplier of n-tile t's token).
-  auto mma_group = [&](const uint2 (&w)[2], float sc0, float sc1, auto&& b, const float (&mult)[NT]) {
-    if constexpr (kI8) {
-      // Two k-steps of 32: word j of each row; its even nibbles are k-slots 4q.., its odd ones 16 + 4q..
-      // (the operand's column order, i8_slot). The int32 sums are exact, so their order is immaterial.
-      int32_t c[NT][4];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const uint4 bq = b(t, 0);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const uint32_t wg = j == 0 ? w[0].x : w[0].y, wh = j == 0 ? w[1].x : w[1].y;
-          const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
-          const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
-          const uint32_t b0 = j == 0 ? bq.x : bq.z, b1 = j == 0 ? bq.y : bq.w;
-          if (j == 0) {
-            mma_s8_16832(c[t], a0, a1, a2, a3, b0, b1, 0, 0, 0, 0);
-          } else {
-            mma_s8_16832(c[t], a0, a1, a2, a3, b0, b1, c[t][0], c[t][1], c[t][2], c[t][3]);
-          }
-        }
-      }
-      // |c| <= 64 * 128 * 128 = 2^20: exact in f32; the multiplier times the scale is exact (a power of 2).
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float f0 = kGrouped ? sc0 * mult[t] : mult[t], f1 = kGrouped ? sc1 * mult[t] : mult[t];
-        acc[t][0] = fmaf(f0, static_cast<float>(c[t][0]), acc[t][0]);
-        acc[t][1] = fmaf(f0, static_cast<float>(c[t][1]), acc[t][1]);
-        acc[t][2] = fmaf(f1, static_cast<float>(c[t][2]), acc[t][2]);
-        acc[t][3] = fmaf(f1, static_cast<float>(c[t][3]), acc[t][3]);
-      }
-    } else {
-      float c[NT][4];
-#pragma unroll
-      for (int s2 = 0; s2 < 4; s2 += 2) {
-        uint4 bh[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) bh[t] = b(t, s2 >> 1);
-#pragma unroll
-        for (int s = s2; s < s2 + 2; ++s) {
-          const uint32_t a0 = q4_pair_bf16x2(w[0].x, s, magic), a1 = q4_pair_bf16x2(w[1].x, s, magic);
-          const uint32_t a2 = q4_pair_bf16x2(w[0].y, s, magic), a3 = q4_pair_bf16x2(w[1].y, s, magic);
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const uint32_t b0 = s == s2 ? bh[t].x : bh[t].z, b1 = s == s2 ? bh[t].y : bh[t].w;
-            if (s == 0) {
-              mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, 0.0f, 0.0f, 0.0f, 0.0f);
-            } else {
-              mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, c[t][0], c[t][1], c[t][2], c[t][3]);
-            }
-          }
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (kGrouped) {
-          acc[t][0] = fmaf(sc0, c[t][0], acc[t][0]);
-          acc[t][1] = fmaf(sc0, c[t][1], acc[t][1]);
-          acc[t][2] = fmaf(sc1, c[t][2], acc[t][2]);
-          acc[t][3] = fmaf(sc1, c[t][3], acc[t][3]);
-        } else {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[t][i] += c[t][i];
-        }
-      }
-    }
-  };
-
   // With 3 or more n-tiles a second set of B registers would spill: there B is loaded just before its k-steps.
   constexpr bool kAheadB = NT <= 2;
   if constexpr (kI8) {
@@ -196,10 +123,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     // int32 sums.
     const int n_mine = n_groups - g_first;  // g_first is a multiple of U (even)
     const int nb = n_mine / U;              // whole batches of U / 2 units
-    const uint8_t* w0 = wp[0] + q * 8 + static_cast<int64_t>(g_first) * 32;  // wp holds q * 8: now 16 q
+    const uint8_t* w0 = wp[0] + q * 16 + static_cast<int64_t>(g_first) * 32;
     const float* s0 = sp[0] + g_first;
     const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
-    const uint8_t* bnext = bp + q * 16 + static_cast<int64_t>(g_first) * kColPad;  // bp holds 16 q: now 32 q
+    const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
     const uint32_t m_first = q < 2 ? 0xFFFFFFFFu : 0u, m_second = ~m_first;  // B masks of the unit's groups
     const bool scales_x4 = (n_groups_all & 3) == 0;
@@ -343,113 +270,135 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       mma_unit(w, sg, sh, [&](int t, int h) { return bt[t][h]; }, mt, two);
     }
   } else {
-  // The slice's groups in order: whole batches of U groups through the pipeline below, then the remaining
-  // (n_mine % U, at most U - 1: only in the last slice of a matrix whose group count does not divide evenly)
-  // one at a time. Pipeline: the weights of a batch are loaded one batch ahead (two register buffers, so one
-  // batch's loads are in flight while the other's are turned into mma), with the batch's scales, and each
-  // group's B values and multipliers one group ahead, so their L1/L2 latency hides behind the previous group's mma (when they were
-  // loaded just before use, ncu showed 52-58 % of cycles without an eligible warp). Pointers advance per load;
-  // no bounds checks inside a batch.
-  const int n_mine = n_groups - g_first;
-  const int nb = n_mine / U;
-  // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
-  const uint8_t* w0 = wp[0] + static_cast<int64_t>(g_first) * 32;
-  const float* s0 = sp[0] + g_first;
-  const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
-  const uint8_t* bnext = bp + static_cast<int64_t>(g_first) * kColPad * kElem;
-  const float* mnext = mp + g_first;
-  // Q4_G64: a batch's scales are one 16-byte load per row where every row's scales are 16-byte aligned (one
-  // scalar load per group and row cost the L1 as many wavefronts as the weights: ncu, run6).
-  const bool scales_x4 = (n_groups_all & 3) == 0;
-  auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
+    // bf16 (W4A16): the slice's groups in order, whole batches of U groups through the pipeline below, then
+    // the remaining n_mine % U one at a time. The weights (and Q4_G64 scales) of a batch are loaded one batch
+    // ahead (two register buffers), each group's B values one group ahead, so their L1/L2 latency hides behind
+    // the previous group's mma (when loaded just before use, ncu showed 52-58 % of cycles without an eligible
+    // warp). Pointers advance per load; no bounds checks inside a batch.
+    const int n_mine = n_groups - g_first;
+    const int nb = n_mine / U;
+    // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
+    const uint8_t* w0 = wp[0] + q * 8 + static_cast<int64_t>(g_first) * 32;  // columns 16q .. 16q + 15
+    const float* s0 = sp[0] + g_first;
+    const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
+    const uint8_t* bnext = bp + (q * 16 + static_cast<int64_t>(g_first) * kColPad) * kElem;
+    const bool scales_x4 = (n_groups_all & 3) == 0;
+    // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t for k-steps
+    // 2h, 2h + 1: registers loaded ahead, or a load). Reduced from zero, then added with the group's scale.
+    auto mma_group = [&](const uint2 (&w)[2], float sc0, float sc1, auto&& b) {
+      float c[NT][4];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      wv[u][0] = ld_stream_u2(w0 + 32 * u);
-      wv[u][1] = ld_stream_u2(w0 + w_d + 32 * u);
-    }
-    w0 += 32 * U;
-    if (kGrouped) {
+      for (int s2 = 0; s2 < 4; s2 += 2) {
+        uint4 bh[NT];
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const float* sr = s0 + rr * s_d;
-        sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
-                           : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
+        for (int t = 0; t < NT; ++t) bh[t] = b(t, s2 >> 1);
+#pragma unroll
+        for (int s = s2; s < s2 + 2; ++s) {
+          const uint32_t a0 = q4_pair_bf16x2(w[0].x, s, magic), a1 = q4_pair_bf16x2(w[1].x, s, magic);
+          const uint32_t a2 = q4_pair_bf16x2(w[0].y, s, magic), a3 = q4_pair_bf16x2(w[1].y, s, magic);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const uint32_t b0 = s == s2 ? bh[t].x : bh[t].z, b1 = s == s2 ? bh[t].y : bh[t].w;
+            if (s == 0) {
+              mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, 0.0f, 0.0f, 0.0f, 0.0f);
+            } else {
+              mma_bf16_16816(c[t], a0, a1, a2, a3, b0, b1, c[t][0], c[t][1], c[t][2], c[t][3]);
+            }
+          }
+        }
       }
-      s0 += U;
-    }
-  };
-  auto b_load = [&](const uint8_t* p, int t, int h) {
-    return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
-  };
-  // The next group's B values (kept in bv, or only their address noted in b_at) and multipliers; advances the
-  // pointers.
-  const uint8_t* b_at = bnext;
-  auto load_b = [&](uint4 (&bv)[NT][BH], float (&mv)[NT]) {
-    if (kAheadB) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
+        if (kGrouped) {
+          acc[t][0] = fmaf(sc0, c[t][0], acc[t][0]);
+          acc[t][1] = fmaf(sc0, c[t][1], acc[t][1]);
+          acc[t][2] = fmaf(sc1, c[t][2], acc[t][2]);
+          acc[t][3] = fmaf(sc1, c[t][3], acc[t][3]);
+        } else {
 #pragma unroll
-        for (int h = 0; h < BH; ++h) bv[t][h] = b_load(bnext, t, h);
+          for (int i = 0; i < 4; ++i) acc[t][i] += c[t][i];
+        }
+      }
+    };
+    auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wv[u][0] = ld_stream_u2(w0 + 32 * u);
+        wv[u][1] = ld_stream_u2(w0 + w_d + 32 * u);
+      }
+      w0 += 32 * U;
+      if (kGrouped) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float* sr = s0 + rr * s_d;
+          sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
+                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
+        }
+        s0 += U;
+      }
+    };
+    auto b_load = [&](const uint8_t* p, int t, int h) {
+      return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
+    };
+    // The next group's B values (kept in bv, or only their address noted in b_at); advances the pointer.
+    const uint8_t* b_at = bnext;
+    auto load_b = [&](uint4 (&bv)[NT][2]) {
+      if (kAheadB) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) bv[t][h] = b_load(bnext, t, h);
+        }
+      }
+      b_at = bnext;
+      bnext += kColPad * kElem;
+    };
+    uint4 bc[NT][2] = {}, bn[NT][2] = {};
+    auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
+    auto from_n = [&](int t, int h) { return bn[t][h]; };
+    // A batch: group u + 1's B values are requested before group u's mma (the c/n buffers swap roles every
+    // group; U is even, so a batch starts and ends with the same roles). The last batch requests nothing past
+    // the slice.
+    static_assert(U % 2 == 0, "B buffers alternate per group");
+    auto run_batch = [&](const uint2 (&wv)[U][2], const float4 (&sv)[2], bool last) {
+      const float s_g[U] = {sv[0].x, sv[0].y, sv[0].z, sv[0].w}, s_h[U] = {sv[1].x, sv[1].y, sv[1].z, sv[1].w};
+#pragma unroll
+      for (int u = 0; u < U; u += 2) {
+        if (!kAheadB) {
+          load_b(bc);
+          mma_group(wv[u], s_g[u], s_h[u], from_c);
+          load_b(bc);
+          mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_c);
+          continue;
+        }
+        if (!last || u + 1 < U) load_b(bn);
+        mma_group(wv[u], s_g[u], s_h[u], from_c);
+        if (!last || u + 2 < U) load_b(bc);
+        mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_n);
+      }
+    };
+    if (nb > 0) {
+      uint2 wa[U][2], wb[U][2];
+      float4 sa[2] = {}, sb[2] = {};
+      load_w(wa, sa);
+      if (kAheadB) load_b(bc);
+      for (int bi = 0; bi < nb; bi += 2) {
+        if (bi + 1 < nb) load_w(wb, sb);
+        run_batch(wa, sa, bi + 1 == nb);
+        if (bi + 1 < nb) {
+          if (bi + 2 < nb) load_w(wa, sa);
+          run_batch(wb, sb, bi + 2 == nb);
+        }
       }
     }
-    b_at = bnext;
-    bnext += kColPad * kElem;
-    if (kI8) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) mv[t] = __ldg(mnext + 2 * t * n_groups_all);
-      ++mnext;
+    for (int r = nb * U; r < n_mine; ++r) {
+      const uint2 w[2] = {ld_stream_u2(w0), ld_stream_u2(w0 + w_d)};
+      w0 += 32;
+      const float sg = kGrouped ? __ldg(s0) : 0.0f, sh = kGrouped ? __ldg(s0 + s_d) : 0.0f;
+      ++s0;
+      load_b(bc);
+      mma_group(w, sg, sh, from_c);
     }
-  };
-  uint4 bc[NT][BH] = {}, bn[NT][BH] = {};
-  float mc[NT], mn[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) mc[t] = mn[t] = 0.0f;
-  auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
-  auto from_n = [&](int t, int h) { return bn[t][h]; };
-  // A batch: group u + 1's B values and multipliers are requested before group u's mma (the c/n buffers swap
-  // roles every group; U is even, so a batch starts and ends with the same roles). The last batch requests
-  // nothing past the slice.
-  static_assert(U % 2 == 0, "B buffers alternate per group");
-  auto run_batch = [&](const uint2 (&wv)[U][2], const float4 (&sv)[2], bool last) {
-    const float s_g[U] = {sv[0].x, sv[0].y, sv[0].z, sv[0].w}, s_h[U] = {sv[1].x, sv[1].y, sv[1].z, sv[1].w};
-#pragma unroll
-    for (int u = 0; u < U; u += 2) {
-      if (!kAheadB) {
-        load_b(bc, mc);
-        mma_group(wv[u], s_g[u], s_h[u], from_c, mc);
-        load_b(bc, mc);
-        mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_c, mc);
-        continue;
-      }
-      if (!last || u + 1 < U) load_b(bn, mn);
-      mma_group(wv[u], s_g[u], s_h[u], from_c, mc);
-      if (!last || u + 2 < U) load_b(bc, mc);
-      mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_n, mn);
-    }
-  };
-  if (nb > 0) {
-    uint2 wa[U][2], wb[U][2];
-    float4 sa[2] = {}, sb[2] = {};
-    load_w(wa, sa);
-    if (kAheadB) load_b(bc, mc);
-    for (int b = 0; b < nb; b += 2) {
-      if (b + 1 < nb) load_w(wb, sb);
-      run_batch(wa, sa, b + 1 == nb);
-      if (b + 1 < nb) {
-        if (b + 2 < nb) load_w(wa, sa);
-        run_batch(wb, sb, b + 2 == nb);
-      }
-    }
-  }
-  for (int r = nb * U; r < n_mine; ++r) {
-    const uint2 w[2] = {ld_stream_u2(w0), ld_stream_u2(w0 + w_d)};
-    w0 += 32;
-    const float sg = kGrouped ? __ldg(s0) : 0.0f, sh = kGrouped ? __ldg(s0 + s_d) : 0.0f;
-    ++s0;
-    load_b(bc, mc);
-    mma_group(w, sg, sh, from_c, mc);
-  }
-
   }
 
   // Epilogue: the slices' accumulators (rows g, g+8; columns 2q, 2q+1 of each n-tile) go through shared memory;
