@@ -1,5 +1,5 @@
-// Tensor-core (mma.sync m16n8k16 bf16) kernels: y = W · x for Q4_ROW weights (expert down pass and dense matmul).
-// Instances: exact mode (3 bf16 parts per activation) with 1-3 n-tiles (up to 8 tokens), W4A16 (1 part) with
+// Tensor-core (mma.sync: int8 m16n8k32 exact, bf16 m16n8k16 W4A16) kernels: y = W · x for Q4_ROW weights (expert down pass and dense matmul).
+// Instances: exact mode (int8 digit planes, 4 columns per token) with 1-4 n-tiles (up to 8 tokens), W4A16 (bf16) with
 // 1, 2 or 4 n-tiles (up to 32 tokens). See tc_q4.cuh.
 #include "tc_q4.cuh"
 
