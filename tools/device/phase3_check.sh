@@ -91,11 +91,11 @@ if want e2e && [ "$(left)" -gt 150 ]; then
   tar czf "$out/e2e-logs.tgz" -C "$out" $(cd "$out" && ls e2e-* synth.log 2>/dev/null) 2>/dev/null && rm -f "$out"/e2e-*.log "$out"/e2e-*.json
 fi
 
-# 4. memcheck of the gemv kernels and the tier case, if time is left.
+# 4. memcheck of the gemv kernels and the tier case (MEMCHECK_TC: other doctest case patterns), if time is left.
 if want memcheck && command -v compute-sanitizer > /dev/null && [ "$(left)" -gt 60 ]; then
   timeout $(( $(left) - 10 )) compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    "$b/bin/test_cuda" -tc='*gemv*,*expert tiers*' > "$out/memcheck.log" 2>&1
-  note "memcheck (gemv, tiers): exit $?; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+    "$b/bin/test_cuda" -tc="${MEMCHECK_TC:-*gemv*,*expert tiers*}" > "$out/memcheck.log" 2>&1
+  note "memcheck (${MEMCHECK_TC:-*gemv*,*expert tiers*}): exit $?; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 fi
 note "total $(( $(date +%s) - t0 )) s"
 cat "$summary"
