@@ -27,15 +27,14 @@
 // There is no shape constraint: rows past the matrix are computed from a clamped row and never stored; columns
 // are padded to 64 with zero activations.
 //
-// Split K: a block is one 16-row tile and its kTcWarps warps share the work: linear, the 64-column groups in 4
-// slices; gate/up, warps 0-1 take the gate and 2-3 the up matrix, each in 2 slices. A slice is a whole number
-// of load batches (KS slices of n groups: slice w is [w L, (w + 1) L) with L = U * ceil(n / (KS U))); each is
-// summed as above, then a matrix's slices are added in order, ((s0 + s1) + s2) + s3 (gate/up: s0 + s1),
-// through shared memory. At decode sizes this is what keeps the memory busy: a GLM-5.2 gate/up pass has
-// 2048 / 16 tiles per expert, so one warp per tile with both matrices (192 registers) gave 1024 warps for 8
-// experts, 8 per SM; four warps per tile with one matrix each (96 registers) give 4096, 20 per SM. The split
-// depends only on the matrix shape, never on the token count, so a token's value is the same in any chunk
-// (prefill == decode).
+// Split K: a block's 4 warps are 2 parts of 2 K slices each: gate/up, one 16-row tile, warps 0-1 take the gate
+// and 2-3 the up matrix; linear, two 16-row tiles (32 rows), warps 0-1 the first, 2-3 the second (4 slices of
+// one tile left the down pass's warps 2 batches each, mostly pipeline start: ncu run8 had it at 39 % of DRAM
+// against gate/up's 54 %). A slice is a whole number of load batches (KS slices of n groups: slice w is
+// [w L, (w + 1) L) with L = U * ceil(n / (KS U))); each is summed as above, then a part's slices are added in
+// order (s0 + s1) through shared memory. One matrix per warp keeps the registers low (a warp with both gate and
+// up matrices took 192 registers: 8 warps per SM). The split depends only on the matrix shape, never on the
+// token count, so a token's value is the same in any chunk (prefill == decode).
 #pragma once
 
 #include "device_util.cuh"
@@ -59,8 +58,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
   constexpr bool kI8 = S == kI8Splits;
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  constexpr int NM = GATE_UP ? 2 : 1;  // weight matrices of an item
-  constexpr int KS = kTcWarps / NM;    // K slices per matrix
+  // The block's 4 warps: 2 parts x KS = 2 K slices. gate/up: one 16-row tile, part = matrix (gate, up);
+  // linear: two 16-row tiles, part = tile.
+  constexpr int KS = 2;
+  static_assert(kTcWarps == 2 * KS, "2 parts of KS warps");
   constexpr int U = 4;                 // 64-column groups per load batch
   constexpr bool kGrouped = FMT == kQ4G64;
 
@@ -68,9 +69,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
-  const int m0 = static_cast<int>(blockIdx.x) * 16;
+  const int part = warp / KS;
+  const int m0 = static_cast<int>(blockIdx.x) * (GATE_UP ? kTcRowsPerBlock : 2 * kTcRowsPerBlock);
   if (m0 >= rows_out) return;  // the whole block (m0 depends on the block only)
-  const DevMatrix& mat = warp / KS == 0 ? it.w0 : it.w1;  // this warp's matrix
+  const DevMatrix& mat = GATE_UP && part == 1 ? it.w1 : it.w0;  // this warp's matrix
+  const int tb = GATE_UP ? m0 : m0 + 16 * part;                  // and tile
   const int kp = it.w0.kp;
   const int n_groups_all = kp / kColPad;
   // This warp's slice of the groups: [g_first, n_groups), whole batches of U (depends on the shape only).
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   const int g_first = imin((warp % KS) * slice, n_groups_all);
   const int n_groups = imin(g_first + slice, n_groups_all);
   // Rows past the matrix read the last row (valid memory); their results are never stored.
-  const int rows[2] = {imin(m0 + g, rows_out - 1), imin(m0 + g + 8, rows_out - 1)};
+  const int rows[2] = {imin(tb + g, rows_out - 1), imin(tb + g + 8, rows_out - 1)};
 
   const uint8_t* wp[2];
   const float* sp[2];
@@ -414,18 +417,22 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     stage[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
   }
   __syncthreads();
-  // Column c of row i of matrix m, over the whole K.
+  // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K.
   auto total = [&](int m, int i, int c) {
     float v = stage[m * KS][i][c];
 #pragma unroll
     for (int w = 1; w < KS; ++w) v += stage[m * KS + w][i][c];
-    if (!kGrouped) v *= __ldg((m == 0 ? it.w0.scales : it.w1.scales) + imin(m0 + i, rows_out - 1));
+    if (!kGrouped) {
+      v *= GATE_UP ? __ldg((m == 0 ? it.w0.scales : it.w1.scales) + imin(m0 + i, rows_out - 1))
+                   : __ldg(it.w0.scales + imin(m0 + 16 * m + i, rows_out - 1));
+    }
     return v;
   };
   const int n_tok = it.n_tok;
-  for (int idx = static_cast<int>(threadIdx.x); idx < 16 * n_tok; idx += kTcWarps * 32) {
-    const int i = idx & 15, r = idx >> 4;
-    const int o = m0 + i;
+  constexpr int kRows = GATE_UP ? 16 : 32;  // output rows of the block
+  for (int idx = static_cast<int>(threadIdx.x); idx < kRows * n_tok; idx += kTcWarps * 32) {
+    const int i = idx & 15, tile = GATE_UP ? 0 : (idx >> 4) & 1, r = idx / kRows;
+    const int o = m0 + 16 * tile + i;
     if (o >= rows_out) continue;
     // int8: the token's digit planes, most significant first: ((2^24 t3 + 2^16 t2) + 2^8 t1) + t0.
     auto token = [&](int m) {
@@ -438,7 +445,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
         return total(m, i, r);
       }
     };
-    const float v0 = token(0);
+    const float v0 = token(tile);
     if constexpr (GATE_UP) {
       store_h(it, r, o, silu(v0) * token(1));
     } else {

@@ -74,7 +74,8 @@ struct PrepJob {
   int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
-// Tensor-core kernels: a block is one 16-row tile, its 4 warps split the work (tc_q4.cuh).
+// Tensor-core kernels: a block is one 16-row tile (gate/up) or two (linear), its 4 warps split the work
+// (tc_q4.cuh).
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
