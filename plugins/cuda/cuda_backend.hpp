@@ -70,6 +70,9 @@ struct Settings {
   int gemv_max_rows = 0;
   // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the gemv / tensor-core kernels.
   bool force_simt = false;
+  // A group's kernels are queued as programmatic dependent launches: each may start while the one before is
+  // still in its last wave, loading its first weights there (device_util.cuh). STRATA_CUDA_PDL=0: off (A/B).
+  bool pdl = true;
 };
 
 class CudaBackend {
@@ -99,8 +102,10 @@ class CudaBackend {
 
   // Bench: runs the kernels of one expert group `iters` times (inputs staged once) and returns the time of
   // each run in ms, measured with events on the device; the outputs of the last run are written to the tasks.
+  // hold_us > 0: each run's launches are queued behind a kernel spinning that long, so the time is the
+  // device's alone (without it, the first kernels may wait for the host to submit them).
   std::vector<float> time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
-                                       const strata_expert_task* tasks, int iters);
+                                       const strata_expert_task* tasks, int iters, int hold_us = 0);
 
   // STRATA_CUDA_FAIL_NEXT=oom|device, read when the backend is created: the next issue fails with that
   // status.

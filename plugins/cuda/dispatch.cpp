@@ -319,6 +319,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
         (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : -1;
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
+  if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
     if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
@@ -912,13 +913,14 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
 void CudaBackend::launch(Slot& s, const Plan& p) {
   if (p.items.empty()) return;
   constexpr int kMaxGridY = 65535;
+  const Queue on{s.stream, settings_.pdl};
   auto prep = [&](size_t from, size_t to) {
     bool i8 = false;
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
     for (size_t first = from; first < to; first += kMaxGridY) {
       const int n = static_cast<int>(std::min<size_t>(kMaxGridY, to - first));
       STRATA_CK(launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8,
-                            s.stream),
+                            on),
                 "launch of prep_operands");
     }
   };
@@ -936,26 +938,26 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {
-          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
-                  : launch_gate_up_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, on)
+                  : launch_gate_up_q4row_tc(l.splits, l.nt, items, n, l.grid_x, on);
         } else {
-          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, s.stream)
-                  : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, on)
+                  : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, on);
         }
       } else if (l.splits == kGemvSplits) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_gemv" : "_q4row_gemv");
         if (l.gate_up) {
-          e = g64 ? launch_gate_up_q4g64_gemv(l.nt, items, n, l.grid_x, s.stream)
-                  : launch_gate_up_q4row_gemv(l.nt, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_gate_up_q4g64_gemv(l.nt, items, n, l.grid_x, on)
+                  : launch_gate_up_q4row_gemv(l.nt, items, n, l.grid_x, on);
         } else {
-          e = g64 ? launch_linear_q4g64_gemv(l.nt, items, n, l.grid_x, s.stream)
-                  : launch_linear_q4row_gemv(l.nt, items, n, l.grid_x, s.stream);
+          e = g64 ? launch_linear_q4g64_gemv(l.nt, items, n, l.grid_x, on)
+                  : launch_linear_q4row_gemv(l.nt, items, n, l.grid_x, on);
         }
       } else {
         name = std::string(l.gate_up ? "gate_up_simt_" : "linear_simt_") + dtype_name(l.dtype);
-        e = l.gate_up ? launch_gate_up_simt(l.dtype, items, n, l.grid_x, s.stream)
-                      : launch_linear_simt(l.dtype, items, n, l.grid_x, s.stream);
+        e = l.gate_up ? launch_gate_up_simt(l.dtype, items, n, l.grid_x, on)
+                      : launch_linear_simt(l.dtype, items, n, l.grid_x, on);
       }
       STRATA_CK(e, "launch of " + name + " (splits " + std::to_string(l.splits) + ", n-tiles " +
                        std::to_string(l.nt) + ", " + std::to_string(n) + " items)");
@@ -1096,7 +1098,7 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
 
 std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
                                                   int32_t n_tasks, const strata_expert_task* tasks,
-                                                  int iters) {
+                                                  int iters, int hold_us) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
   Slot* s = acquire_slot();
@@ -1107,6 +1109,7 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     ensure_capacity(*s, p);
     stage(*s, p);
     for (int i = 0; i < iters; ++i) {
+      STRATA_CK(launch_hold(hold_us, s->stream), "launch of the hold kernel");
       STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");
       launch(*s, p);
       STRATA_CK(cudaEventRecord(s->t1, s->stream), "cudaEventRecord");

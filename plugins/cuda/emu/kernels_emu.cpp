@@ -1,5 +1,6 @@
 // The kernel sources, compiled with g++ for the CPU emulation (STRATA_CUDA_EMULATE; see emu.cpp).
 #include "../kernels/gate_up_q4g64_gemv.cu"
+#include "../kernels/hold.cu"
 #include "../kernels/gate_up_q4g64_tc.cu"
 #include "../kernels/gate_up_q4row_gemv.cu"
 #include "../kernels/gate_up_q4row_tc.cu"

@@ -24,19 +24,46 @@ namespace strata_cuda {
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
 
-// Launches a kernel on the stream (or, emulated, runs it now). `collectives`: the kernel uses warp-collective
-// instructions (the emulation then runs each warp as fibers).
+// Launches a kernel on on.stream (or, emulated, runs it now). `collectives`: the kernel uses warp-collective
+// instructions (the emulation then runs each warp as fibers). With on.pdl the launch may begin before the
+// previous kernel on the stream has finished (programmatic dependent launch, sm_90): the kernel must call
+// grid_dep_wait() before it reads anything an earlier launch wrote or writes anything.
 template <class... P, class... A>
-cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool collectives,
+cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Queue& on, bool collectives,
                           A... args) {
 #if defined(STRATA_CUDA_EMULATE)
-  (void)stream;
+  (void)on;
   emu::run_grid(grid, block, collectives, [&] { kernel(args...); });
   return cudaSuccess;
 #else
   (void)collectives;
-  kernel<<<grid, block, 0, stream>>>(args...);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = on.stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = on.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+#endif
+}
+
+// Programmatic dependent launch (PTX griddepcontrol, sm_90). grid_dep_wait: returns once the kernels this one
+// depends on (the previous launch on the stream) have completed and their writes are visible; without a
+// dependent launch it returns at once. grid_dep_launch: lets the next kernel's blocks be scheduled once every
+// block of this one has started (or exited), so they fill the SMs this kernel's last wave leaves idle and
+// start their weight loads there. Both are no-ops in the CPU emulation (it runs launches one after another).
+__device__ __forceinline__ void grid_dep_wait() {
+#if !defined(STRATA_CUDA_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if !defined(STRATA_CUDA_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" :::);
 #endif
 }
 

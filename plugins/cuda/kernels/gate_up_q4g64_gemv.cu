@@ -4,8 +4,8 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
-  return launch_gemv_q4<kQ4G64, true>(t, items, n_items, grid_x, stream);
+cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
+  return launch_gemv_q4<kQ4G64, true>(t, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

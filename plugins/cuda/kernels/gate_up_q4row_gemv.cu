@@ -4,8 +4,8 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
-  return launch_gemv_q4<kQ4Row, true>(t, items, n_items, grid_x, stream);
+cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
+  return launch_gemv_q4<kQ4Row, true>(t, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

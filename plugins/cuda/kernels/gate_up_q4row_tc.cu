@@ -6,8 +6,8 @@
 namespace strata_cuda {
 
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x,
-                                 cudaStream_t stream) {
-  return launch_tc_q4<kQ4Row, true>(splits, nt, items, n_items, grid_x, stream);
+                                 const Queue& on) {
+  return launch_tc_q4<kQ4Row, true>(splits, nt, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

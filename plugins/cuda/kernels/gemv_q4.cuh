@@ -67,6 +67,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   constexpr bool kGrouped = FMT == kQ4G64;
   static_assert(R * T <= 32, "one store per lane");
 
+  grid_dep_launch();
   const WorkItem& it = items[blockIdx.y];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int rows_out = it.w0.rows;
@@ -117,6 +118,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   uint4 nw[NS];
   float ns[NS];
   if (lane < n_chunks) load(lane, nw, ns);
+  grid_dep_wait();  // the weights above may load during the previous kernel's tail; the activations not
   for (int c = lane; c < n_chunks; c += 32) {
     uint4 cw[NS];
     float cs[NS];
@@ -222,11 +224,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
 // Launches the instance for t tokens (every item of the launch has n_tok == t); cudaErrorInvalidValue outside
 // 1..8.
 template <int FMT, bool GATE_UP>
-cudaError_t launch_gemv_q4(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
+cudaError_t launch_gemv_q4(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kGemvWarps * 32);
-  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
+  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
   switch (t) {
     case 1: return run(&gemv_q4_kernel<FMT, 1, GATE_UP>);
     case 2: return run(&gemv_q4_kernel<FMT, 2, GATE_UP>);

@@ -4,8 +4,8 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
-  return launch_simt<false>(dtype, items, n_items, grid_x, stream);
+cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
+  return launch_simt<false>(dtype, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

@@ -65,6 +65,8 @@ __device__ void encode_i8_planes(const PrepJob& j) {
 }
 
 __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs) {
+  grid_dep_launch();
+  grid_dep_wait();  // the operands and h are read, and the outputs cleared, only after the previous kernel
   const PrepJob& j = jobs[blockIdx.y];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -103,10 +105,10 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
 
 }  // namespace
 
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, cudaStream_t stream) {
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on) {
   if (n_jobs <= 0) return cudaSuccess;
   return launch_kernel(&prep_operands_kernel, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)),
-                       dim3(256), stream, warp_jobs, jobs);
+                       dim3(256), on, warp_jobs, jobs);
 }
 
 }  // namespace strata_cuda

@@ -55,6 +55,8 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 1) simt_kernel(const WorkItem
   constexpr int NM = GATE_UP ? 2 : 1;
   constexpr int ROWS = GATE_UP ? kSimtRowsGateUp : kSimtRowsLinear;
   constexpr int T = kSimtMaxTok;
+  grid_dep_launch();
+  grid_dep_wait();
   const WorkItem& it = items[blockIdx.y];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int rows_out = it.w0.rows;
@@ -134,11 +136,11 @@ __global__ void __launch_bounds__(kSimtWarps * 32, 1) simt_kernel(const WorkItem
 }
 
 template <bool GATE_UP>
-cudaError_t launch_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
+cudaError_t launch_simt(int dtype, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kSimtWarps * 32);
-  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
+  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
   switch (dtype) {
     case kF32: return run(&simt_kernel<kF32, GATE_UP>);
     case kBF16: return run(&simt_kernel<kBF16, GATE_UP>);

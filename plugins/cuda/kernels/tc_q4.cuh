@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   constexpr int U = 4;                 // 64-column groups per load batch
   constexpr bool kGrouped = FMT == kQ4G64;
 
+  grid_dep_launch();
   const WorkItem& it = items[blockIdx.y];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
@@ -234,13 +235,18 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
+    // The first two batches' weights are requested before waiting for the previous kernel (the operand's
+    // producer): with a dependent launch they load while its last wave runs. Then batch i runs while batch
+    // i + 1 loads.
+    uint4 wa[UN][2], wb[UN][2];
+    float4 sa[2] = {}, sb[2] = {};
+    if (nb > 0) load_w(wa, sa);
+    if (nb > 1) load_w(wb, sb);
+    grid_dep_wait();
     if (nb > 0) {
-      uint4 wa[UN][2], wb[UN][2];
-      float4 sa[2] = {}, sb[2] = {};
-      load_w(wa, sa);
       if (kAheadB) load_b(bc, mc);
       for (int bi = 0; bi < nb; bi += 2) {
-        if (bi + 1 < nb) load_w(wb, sb);
+        if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
         run_batch(wa, sa, bi + 1 == nb);
         if (bi + 1 < nb) {
           if (bi + 2 < nb) load_w(wa, sa);
@@ -380,13 +386,15 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
         mma_group(wv[u + 1], s_g[u + 1], s_h[u + 1], from_n);
       }
     };
+    uint2 wa[U][2], wb[U][2];
+    float4 sa[2] = {}, sb[2] = {};
+    if (nb > 0) load_w(wa, sa);
+    if (nb > 1) load_w(wb, sb);
+    grid_dep_wait();  // as in the int8 branch
     if (nb > 0) {
-      uint2 wa[U][2], wb[U][2];
-      float4 sa[2] = {}, sb[2] = {};
-      load_w(wa, sa);
       if (kAheadB) load_b(bc);
       for (int bi = 0; bi < nb; bi += 2) {
-        if (bi + 1 < nb) load_w(wb, sb);
+        if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
         run_batch(wa, sa, bi + 1 == nb);
         if (bi + 1 < nb) {
           if (bi + 2 < nb) load_w(wa, sa);
@@ -456,11 +464,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
 
 // Launches the instance for (splits, nt); cudaErrorInvalidValue for a combination that is not instantiated.
 template <int FMT, bool GATE_UP>
-cudaError_t launch_tc_q4(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream) {
+cudaError_t launch_tc_q4(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
-  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, stream, true, items); };
+  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
   if (splits == kI8Splits && nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP>);
   if (splits == kI8Splits && nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP>);
   if (splits == kI8Splits && nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP>);

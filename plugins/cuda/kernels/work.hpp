@@ -96,22 +96,33 @@ constexpr int kI8Planes = 4;
 // A gemv warp step covers 32 lanes x 32 columns; a gemv operand row is a whole number of steps.
 constexpr int kGemvStepCols = 1024;
 
+// Where a kernel is queued: the stream, and whether it may start while the previous kernel on the stream is
+// still running (programmatic dependent launch). Every kernel here waits for its predecessor (grid_dep_wait,
+// device_util.cuh) before reading anything but its weights and work items, so only weight loads overlap the
+// previous kernel's last wave.
+struct Queue {
+  cudaStream_t stream;
+  bool pdl;
+};
+
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
 // warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu).
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, cudaStream_t stream);
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on);
 // Tensor-core int4 kernels. splits: kI8Splits (exact mode) with nt in 1..4, or 1 (W4A16) with nt in {1, 2, 4}.
-cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
-cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_linear_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_linear_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+// A kernel that spins for `us` microseconds (bench: queues the launches after it; kernels/hold.cu).
+cudaError_t launch_hold(int us, cudaStream_t stream);
 // SIMT f32 kernels for every format (up to kSimtMaxTok tokens per item).
-cudaError_t launch_gate_up_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
-cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, cudaStream_t stream);
+cudaError_t launch_gate_up_simt(int dtype, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 
 }  // namespace strata_cuda
