@@ -73,6 +73,10 @@ struct Settings {
   // A group's kernels are queued as programmatic dependent launches: each may start while the one before is
   // still in its last wave, loading its first weights there (device_util.cuh). STRATA_CUDA_PDL=0: off (A/B).
   bool pdl = true;
+  // Resident int4 matrices are stored in 16-row tiles in load order (work.hpp, kTiles), read 1.6x faster by
+  // the tensor-core kernels than rows in order; read when a matrix is uploaded. STRATA_CUDA_LAYOUT=rows: rows
+  // in order (the gemv kernels read those better).
+  bool tiles = true;
 };
 
 class CudaBackend {

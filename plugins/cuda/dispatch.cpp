@@ -107,6 +107,25 @@ uint64_t device_matrix_bytes(int32_t dtype, int64_t rows, int64_t cols) {
   return is_q4(dtype) ? align_up(data) + static_cast<uint64_t>(scale_count(dtype, rows, cols)) * 4 : data;
 }
 
+// The kTiles layout of a resident int4 matrix (work.hpp): rows of a multiple of 64 bytes, 16-row tiles.
+int64_t tiles_row_bytes(int64_t cols) { return (device_row_bytes(kQ4G64, cols) + 63) / 64 * 64; }
+uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
+  return static_cast<uint64_t>((rows + 15) / 16 * 16) * static_cast<uint64_t>(tiles_row_bytes(cols));
+}
+
+// Host int4 rows (raw bytes per row) in the kTiles order: 16-byte chunk c of row r goes to
+// (r / 16) 16 rb + 512 ((r / 8) % 2) + 64 (r % 8) + 1024 (c / 4) + 16 (c % 4); padding stays zero.
+std::vector<uint8_t> to_tiles(const uint8_t* src, int64_t rows, int64_t raw, int64_t rb) {
+  std::vector<uint8_t> out(static_cast<size_t>((rows + 15) / 16 * 16 * rb), 0);
+  std::vector<uint8_t> row(static_cast<size_t>(rb), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(row.data(), src + r * raw, static_cast<size_t>(raw));  // the tail of `row` stays zero
+    uint8_t* tile_row = out.data() + (r >> 4) * 16 * rb + ((r >> 3) & 1) * 512 + (r & 7) * 64;
+    for (int64_t c = 0; c < rb / 16; ++c) std::memcpy(tile_row + (c >> 2) * 1024 + (c & 3) * 16, &row[c * 16], 16);
+  }
+  return out;
+}
+
 std::string cuda_text(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
 }
@@ -320,6 +339,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
     if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
@@ -1145,8 +1165,12 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
     throw Failure(STRATA_ERR_UNSUPPORTED, "upload_matrix: larger than this backend handles (2^30 per side)");
   }
   if (is_q4(w.dtype) && w.scales == nullptr) invalid("upload_matrix: int4 matrix without scales");
-  const uint64_t bytes = device_matrix_bytes(w.dtype, w.rows, w.cols);
-  const uint64_t data_bytes = device_data_bytes(w.dtype, w.rows, w.cols);
+  const bool tiles = is_q4(w.dtype) && settings_.tiles;
+  const uint64_t data_bytes =
+      tiles ? tiles_data_bytes(w.rows, w.cols) : device_data_bytes(w.dtype, w.rows, w.cols);
+  const uint64_t bytes =
+      is_q4(w.dtype) ? align_up(data_bytes) + static_cast<uint64_t>(scale_count(w.dtype, w.rows, w.cols)) * 4
+                     : data_bytes;
   void* d = nullptr;
   const cudaError_t e = cudaMalloc(&d, bytes);
   if (e != cudaSuccess)
@@ -1155,7 +1179,11 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   const int64_t raw = host_row_bytes(w.dtype, w.cols), padded = device_row_bytes(w.dtype, w.cols);
   try {
     // On the legacy stream, then waited for: the copy is complete (not only staged) when upload returns.
-    if (raw == padded) {
+    if (tiles) {
+      const std::vector<uint8_t> t =
+          to_tiles(static_cast<const uint8_t*>(w.data), w.rows, raw, tiles_row_bytes(w.cols));
+      STRATA_CK(cudaMemcpy(base, t.data(), t.size(), cudaMemcpyHostToDevice), "copy of a resident matrix");
+    } else if (raw == padded) {
       STRATA_CK(cudaMemcpyAsync(base, w.data, data_bytes, cudaMemcpyHostToDevice, cudaStreamLegacy),
                 "copy of a resident matrix");
     } else {
@@ -1183,7 +1211,8 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   r->bytes = bytes;
   r->m.data = base;
   r->m.scales = is_q4(w.dtype) ? reinterpret_cast<const float*>(base + align_up(data_bytes)) : nullptr;
-  r->m.stride = padded;
+  r->m.stride = tiles ? tiles_row_bytes(w.cols) : padded;
+  r->m.layout = tiles ? kTiles : kRowMajor;
   r->m.rows = static_cast<int32_t>(w.rows);
   r->m.cols = static_cast<int32_t>(w.cols);
   r->m.kp = static_cast<int32_t>(padded_cols(w.cols));

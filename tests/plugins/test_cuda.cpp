@@ -611,11 +611,12 @@ static void gpu_case_5(const PluginRecord* rec) {
   CHECK(m0.total > 0);
   CHECK(m0.free <= m0.total);
   CHECK(m0.used >= m0.resident);
-  // Device bytes of a resident copy: rows padded to 64 columns, then the scales at a 256-byte boundary.
+  // Device bytes of a resident copy: rows padded to 64 columns (int4: 16-row tiles of rows padded to 128
+  // columns), then the scales at a 256-byte boundary.
   auto expected = [](const HostMatrix& h) {
     const uint64_t kp = static_cast<uint64_t>((h.cols + 63) / 64 * 64);
-    const uint64_t row = h.format == WeightFormat::F32 ? kp * 4 : is_q4(h.format) ? kp / 2 : kp * 2;
-    uint64_t bytes = static_cast<uint64_t>(h.rows) * row;
+    const uint64_t row = h.format == WeightFormat::F32 ? kp * 4 : is_q4(h.format) ? (kp + 127) / 128 * 64 : kp * 2;
+    uint64_t bytes = static_cast<uint64_t>(is_q4(h.format) ? (h.rows + 15) / 16 * 16 : h.rows) * row;
     if (is_q4(h.format)) {
       bytes = (bytes + 255) / 256 * 256;
       bytes += 4 * static_cast<uint64_t>(h.format == WeightFormat::Q4_G64 ? h.rows * ((h.cols + 63) / 64)
@@ -724,6 +725,74 @@ TEST_CASE("cuda resident matrices: another backend's copy is not used, a mismatc
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     gpu_case_6(rec);
+  }
+}
+
+// Resident int4 matrices are stored in 16-row tiles in the tensor-core kernels' load order (kTiles), host weights
+// staged per call keep their rows in order: every kernel family reads both and gives the same bits (rows that
+// are not a multiple of 16, columns that are not a multiple of 64 or of 128, one to many tokens).
+static void gpu_case_tiles(const PluginRecord* rec) {
+  struct Family {
+    const char *name, *var, *value;
+  };
+  const Family families[] = {{"tensor cores", "STRATA_CUDA_GEMV_MAX_ROWS", "0"},
+                             {"gemv", "STRATA_CUDA_GEMV_MAX_ROWS", "all"},
+                             {"SIMT", "STRATA_CUDA_KERNELS", "simt"},
+                             {"W4A16", "STRATA_CUDA_W4A16_MIN_ROWS", "1"}};
+  std::mt19937 rng(4242);
+  for (const Family& fam : families) {
+    CAPTURE(fam.name);
+    auto cuda = make_cuda_with_env(*rec, fam.var, fam.value);
+    for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+      CAPTURE(weight_format_name(f));
+      for (auto [o, i] : {std::pair<int64_t, int64_t>{1, 1}, {17, 65}, {33, 130}, {16, 128}, {40, 2100}}) {
+        CAPTURE(o);
+        CAPTURE(i);
+        const HostMatrix w = random_matrix(rng, f, o, i);
+        ResidentMatrix r = cuda->upload(w.view());
+        Matrix bare = r.matrix();  // the device copy only
+        bare.data = nullptr;
+        bare.scales = nullptr;
+        for (int64_t s : {1, 3, 20}) {
+          CAPTURE(s);
+          const auto x = random_vec(rng, static_cast<size_t>(s * i));
+          const size_t n = static_cast<size_t>(s * o);
+          std::vector<float> staged(n, NAN), tiled(n, NAN);
+          cuda->matmul(w.view(), x.data(), s, staged.data());
+          cuda->matmul(bare, x.data(), s, tiled.data());
+          CHECK(std::memcmp(staged.data(), tiled.data(), n * 4) == 0);
+        }
+      }
+      // An expert group: gate/up and down of 3 experts with 1, 3 and 20 rows, resident vs staged.
+      const Group grp(rng, 130, 33, 24, {1, 3, 20}, same_format(f, 3));
+      const auto want = grp.run(*cuda);
+      std::vector<ResidentMatrix> keep;
+      std::vector<ExpertMatrices> resident;
+      for (const auto& e : grp.experts) {
+        keep.push_back(cuda->upload(e.gate));
+        keep.push_back(cuda->upload(e.up));
+        keep.push_back(cuda->upload(e.down));
+        resident.push_back({keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
+      }
+      std::vector<std::vector<float>> got(resident.size());
+      std::vector<ExpertTask> tasks;
+      for (size_t e = 0; e < resident.size(); ++e) {
+        got[e].assign(grp.rows[e].size() * static_cast<size_t>(grp.hidden), NAN);
+        tasks.push_back({&resident[e], grp.rows[e], got[e].data()});
+      }
+      cuda->expert_group(grp.x.data(), grp.n_x, grp.hidden, tasks);
+      for (size_t e = 0; e < resident.size(); ++e) {
+        CAPTURE(e);
+        CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family gives the bits of staged rows") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_tiles(rec);
   }
 }
 

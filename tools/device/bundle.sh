@@ -7,7 +7,7 @@ build=${1:-build}
 out=${2:-devbundle}
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib/strata/plugins"
-for b in strata bench_kernels bench_decode bench_e2e make_synthetic_model bench_cuda test_cuda; do
+for b in strata bench_kernels bench_decode bench_e2e make_synthetic_model bench_cuda bench_read test_cuda; do
   [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/bin/"
 done
 cp "$build"/lib/libstrata_core.so "$out/lib/"

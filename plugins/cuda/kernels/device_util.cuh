@@ -67,6 +67,15 @@ __device__ __forceinline__ void grid_dep_launch() {
 #endif
 }
 
+// Byte offset, from m.data, of byte `b` of row `row` (b: 16-byte aligned chunks stay contiguous; see DevMatrix).
+__device__ __forceinline__ int64_t q4_row_byte(const DevMatrix& m, int row, int b) {
+  if (m.layout == kTiles) {
+    return static_cast<int64_t>(row >> 4) * 16 * m.stride + ((row >> 3) & 1) * 512 + (row & 7) * 64 +
+           static_cast<int64_t>(b >> 6) * 1024 + (b & 63);
+  }
+  return static_cast<int64_t>(row) * m.stride + b;
+}
+
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 

@@ -38,7 +38,9 @@ __device__ __forceinline__ void decode_chunk8(const DevMatrix& m, int row, int c
       w[2 * j + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(u[j] >> 16)));
     }
   } else {
-    const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(base) + c);
+    // (either layout: the 4 bytes are within one 16-byte chunk of the row)
+    const uint32_t v =
+        __ldg(reinterpret_cast<const uint32_t*>(static_cast<const char*>(m.data) + q4_row_byte(m, row, 4 * c)));
     const float s = FMT == kQ4G64 ? __ldg(m.scales + static_cast<int64_t>(row) * (m.kp / kColPad) + (c >> 3))
                                   : __ldg(m.scales + row);
 #pragma unroll

@@ -84,11 +84,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   // Rows past the matrix read the last row (valid memory); their results are never stored.
   const int rows[2] = {imin(tb + g, rows_out - 1), imin(tb + g + 8, rows_out - 1)};
 
-  const uint8_t* wp[2];
+  // Weights: byte b of row rows[0] is at wbase + q4_row_byte(mat, rows[0], b), row rows[1]'s w_d further (in
+  // tiles: 512); a 128-column unit (64 bytes of a row) is w_u bytes after the previous (tiles: 1024).
+  const uint8_t* wbase = static_cast<const uint8_t*>(mat.data);
+  const int32_t w_d = static_cast<int32_t>(q4_row_byte(mat, rows[1], 0) - q4_row_byte(mat, rows[0], 0));
+  const int w_u = mat.layout == kTiles ? 1024 : 64;
   const float* sp[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    wp[rr] = static_cast<const uint8_t*>(mat.data) + static_cast<int64_t>(rows[rr]) * mat.stride;
     sp[rr] = mat.scales + (kGrouped ? static_cast<int64_t>(rows[rr]) * n_groups_all : rows[rr]);
   }
   // This thread's B column is g of each n-tile.
@@ -127,9 +130,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     // int32 sums.
     const int n_mine = n_groups - g_first;  // g_first is a multiple of U (even)
     const int nb = n_mine / U;              // whole batches of U / 2 units
-    const uint8_t* w0 = wp[0] + q * 16 + static_cast<int64_t>(g_first) * 32;
+    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 16 + g_first * 32);
     const float* s0 = sp[0] + g_first;
-    const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
+    const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
     const uint32_t m_first = q < 2 ? 0xFFFFFFFFu : 0u, m_second = ~m_first;  // B masks of the unit's groups
@@ -179,10 +182,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {  // the next batch's weights and scales
 #pragma unroll
       for (int u = 0; u < UN; ++u) {
-        wv[u][0] = ld_stream_u4(w0 + 64 * u);
-        wv[u][1] = ld_stream_u4(w0 + w_d + 64 * u);
+        wv[u][0] = ld_stream_u4(w0 + w_u * u);
+        wv[u][1] = ld_stream_u4(w0 + w_d + w_u * u);
       }
-      w0 += 32 * U;
+      w0 += w_u * UN;
       if (kGrouped) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
@@ -261,7 +264,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       const bool mine = q < 2 || two;   // this thread's 16 bytes exist
       const uint4 z = make_uint4(0u, 0u, 0u, 0u);
       const uint4 w[2] = {mine ? ld_stream_u4(w0) : z, mine ? ld_stream_u4(w0 + w_d) : z};
-      w0 += 64;
+      w0 += w_u;
       const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
       s0 += 2;
@@ -287,9 +290,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     const int n_mine = n_groups - g_first;
     const int nb = n_mine / U;
     // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
-    const uint8_t* w0 = wp[0] + q * 8 + static_cast<int64_t>(g_first) * 32;  // columns 16q .. 16q + 15
+    // Group u of a batch is at (u / 2) w_u + (u % 2) 32 (its unit, then its half).
+    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 8 + g_first * 32);  // columns 16q .. 16q + 15
     const float* s0 = sp[0] + g_first;
-    const int32_t w_d = static_cast<int32_t>(wp[1] - wp[0]), s_d = static_cast<int32_t>(sp[1] - sp[0]);
+    const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
     const uint8_t* bnext = bp + (q * 16 + static_cast<int64_t>(g_first) * kColPad) * kElem;
     const bool scales_x4 = (n_groups_all & 3) == 0;
     // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t for k-steps
@@ -332,10 +336,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        wv[u][0] = ld_stream_u2(w0 + 32 * u);
-        wv[u][1] = ld_stream_u2(w0 + w_d + 32 * u);
+        wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
+        wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
       }
-      w0 += 32 * U;
+      w0 += w_u * (U / 2);
       if (kGrouped) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
@@ -403,8 +407,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       }
     }
     for (int r = nb * U; r < n_mine; ++r) {
-      const uint2 w[2] = {ld_stream_u2(w0), ld_stream_u2(w0 + w_d)};
-      w0 += 32;
+      const int j = r - nb * U;  // within the last, partial batch
+      const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;
+      const uint2 w[2] = {ld_stream_u2(wr), ld_stream_u2(wr + w_d)};
       const float sg = kGrouped ? __ldg(s0) : 0.0f, sh = kGrouped ? __ldg(s0 + s_d) : 0.0f;
       ++s0;
       load_b(bc);
