@@ -38,13 +38,6 @@ void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32
 uint32_t bf16x2_sub136(uint32_t v);
 [[noreturn]] void die(const char* what);
 
-// A bulk copy (cp.async.bulk) done at once, with the hardware's constraints checked.
-inline void copy_checked(void* dst, const void* src, uint32_t bytes) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0 || bytes % 16 != 0)
-    die("bulk copy: addresses and size must be multiples of 16 bytes");
-  std::memcpy(dst, src, bytes);
-}
-
 template <class T>
 T load(const T* p) {
   if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) die("misaligned device load");

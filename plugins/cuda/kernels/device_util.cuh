@@ -67,56 +67,6 @@ __device__ __forceinline__ void grid_dep_launch() {
 #endif
 }
 
-// Bulk asynchronous copies from global into shared memory (sm_90 cp.async.bulk, the TMA engine's 1-D form),
-// completed on an mbarrier: a warp keeps several KB of weights in flight without holding them in registers.
-// bar_init: count = 1 arrival (the thread that calls bar_expect); bar_expect(bar, bytes): that arrival, and the
-// bytes the copies will complete; bulk_copy: 16-byte aligned, a multiple of 16 bytes; bar_wait(bar, parity):
-// until the phase with that parity has completed (phases alternate 0, 1, 0, ... as the barrier is reused).
-// Emulated: the copy is a memcpy and the wait a __syncwarp (the copying lane has run by then).
-#if defined(STRATA_CUDA_EMULATE)
-__device__ __forceinline__ void bar_init(uint64_t*, int) {}
-__device__ __forceinline__ void bar_init_fence() {}
-__device__ __forceinline__ void bar_expect(uint64_t*, uint32_t) {}
-__device__ __forceinline__ void async_proxy_fence() {}
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) {
-  emu::copy_checked(dst, src, bytes);
-}
-__device__ __forceinline__ void bar_wait(uint64_t*, uint32_t) { emu::syncwarp(); }
-#else
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void bar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// Makes the initialised barriers visible to the copy engine (before the first copy that completes on them).
-__device__ __forceinline__ void bar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void bar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-// Orders this thread's earlier shared-memory reads (generic proxy) before its later bulk copies (async proxy)
-// into the same bytes.
-__device__ __forceinline__ void async_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-#endif
-
 // Byte offset, from m.data, of byte `b` of row `row` (b: 16-byte aligned chunks stay contiguous; see DevMatrix).
 __device__ __forceinline__ int64_t q4_row_byte(const DevMatrix& m, int row, int b) {
   if (m.layout == kTiles) {

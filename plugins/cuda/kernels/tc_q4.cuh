@@ -43,10 +43,10 @@ namespace strata_cuda {
 
 // Blocks per SM asked of the register allocator (sm_90, no spills in the main loop). W4A16 (bf16): gate/up
 // with 1 n-tile 96 registers (20 warps per SM), 2 n-tiles 128 (16), 3-4 n-tiles 168 (12); linear (its
-// epilogue needs a few more) one step less below 3 n-tiles. Exact (int8, weights through the shared-memory
-// ring): 96 registers and 35 KB of shared memory per block (20 warps per SM) with 1 n-tile, 168 (12) with more.
+// epilogue needs a few more) one step less below 3 n-tiles. Exact (int8, units of two groups): 128 registers
+// (16 warps per SM) with 1 n-tile, 168 (12) with more.
 constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
-  if (s == kI8Splits) return nt <= 1 ? 5 : 3;
+  if (s == kI8Splits) return nt <= 1 ? 4 : 3;
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
 }
 
@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     // int32 sums.
     const int n_mine = n_groups - g_first;  // g_first is a multiple of U (even)
     const int nb = n_mine / U;              // whole batches of U / 2 units
+    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 16 + g_first * 32);
     const float* s0 = sp[0] + g_first;
     const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
@@ -178,7 +179,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
         }
       }
     };
-    auto load_s = [&](float4 (&sv)[2]) {  // the next batch's scales (Q4_G64)
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {  // the next batch's weights and scales
+#pragma unroll
+      for (int u = 0; u < UN; ++u) {
+        wv[u][0] = ld_stream_u4(w0 + w_u * u);
+        wv[u][1] = ld_stream_u4(w0 + w_d + w_u * u);
+      }
+      w0 += w_u * UN;
       if (kGrouped) {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
@@ -231,77 +238,27 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
-    // The weights stream through a ring of kStages shared-memory stages per warp, one batch (two units: 16 rows
-    // x 128 columns, 2 KB) each, filled by bulk copies: up to kStages batches (8 KB) in flight per warp without
-    // holding them in registers (with register double buffers, at most ~2 KB were, and the warps waited on
-    // memory: ncu run6-8). A stage holds its batch in tile order, thread q's 16 bytes of rows g and g + 8 of
-    // unit u at 1024 u + 512 h + 64 g + 16 q, so each 16-byte shared load of a warp reads 512 contiguous
-    // bytes. In tiles (work.hpp) a batch is also 2 KB contiguous in global memory and lane 0 copies it whole;
-    // with rows in order each lane copies 64 bytes (row lane % 16, unit lane / 16). The first stages are
-    // requested before waiting for the previous kernel (the operand's producer): with a dependent launch they
-    // load during its last wave.
-    constexpr int kStages = kTcRingStages;
-    constexpr int kStageBytes = UN * 1024;
-    alignas(128) __shared__ uint8_t ring[kTcWarps][kStages][kStageBytes];
-    alignas(8) __shared__ uint64_t full[kTcWarps][kStages];
-    uint8_t(*stage_at)[kStageBytes] = ring[warp];
-    uint64_t* bar = full[warp];
-    const int unit0 = g_first / 2;
-    const uint8_t* cp_src;  // this lane's copy of batch 0 (then cp_step further per batch), its place, its size
-    int cp_dst, cp_step;
-    uint32_t cp_bytes;
-    if (mat.layout == kTiles) {
-      cp_src = wbase + static_cast<int64_t>(tb >> 4) * 16 * mat.stride + static_cast<int64_t>(unit0) * 1024;
-      cp_dst = 0;
-      cp_bytes = lane == 0 ? kStageBytes : 0;
-      cp_step = kStageBytes;
-    } else {
-      const int r = lane & 15, u = lane >> 4;
-      cp_src = wbase + static_cast<int64_t>(imin(tb + r, rows_out - 1)) * mat.stride + (unit0 + u) * 64;
-      cp_dst = 1024 * u + 512 * (r >> 3) + 64 * (r & 7);
-      cp_bytes = 64;
-      cp_step = 128;
-    }
-    auto issue = [&](int bi) {  // batch bi into stage bi % kStages (warp-uniform call)
-      const int st = bi % kStages;
-      if (lane == 0) bar_expect(&bar[st], kStageBytes);
-      __syncwarp();  // the expected bytes are set before any copy completes
-      if (cp_bytes != 0) {
-        async_proxy_fence();  // this warp's reads of the stage's previous batch come first
-        bulk_copy(stage_at[st] + cp_dst, cp_src + static_cast<int64_t>(bi) * cp_step, cp_bytes, &bar[st]);
-      }
-    };
-    if (lane == 0) {
-      for (int st = 0; st < kStages; ++st) bar_init(&bar[st], 1);
-      bar_init_fence();
-    }
-    __syncwarp();
-    for (int bi = 0; bi < imin(kStages, nb); ++bi) issue(bi);
-    float4 s_cur[2] = {}, s_nxt[2] = {};
-    if (nb > 0) load_s(s_cur);
+    // The first two batches' weights are requested before waiting for the previous kernel (the operand's
+    // producer): with a dependent launch they load while its last wave runs. Then batch i runs while batch
+    // i + 1 loads.
+    uint4 wa[UN][2], wb[UN][2];
+    float4 sa[2] = {}, sb[2] = {};
+    if (nb > 0) load_w(wa, sa);
+    if (nb > 1) load_w(wb, sb);
     grid_dep_wait();
-    if (nb > 0 && kAheadB) load_b(bc, mc);
-    for (int bi = 0; bi < nb; ++bi) {
-      const int st = bi % kStages;
-      bar_wait(&bar[st], static_cast<uint32_t>(bi / kStages) & 1u);
-      uint4 wv[UN][2];
-#pragma unroll
-      for (int u = 0; u < UN; ++u) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wv[u][h] = *reinterpret_cast<const uint4*>(stage_at[st] + 1024 * u + 512 * h + 16 * lane);
+    if (nb > 0) {
+      if (kAheadB) load_b(bc, mc);
+      for (int bi = 0; bi < nb; bi += 2) {
+        if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
+        run_batch(wa, sa, bi + 1 == nb);
+        if (bi + 1 < nb) {
+          if (bi + 2 < nb) load_w(wa, sa);
+          run_batch(wb, sb, bi + 2 == nb);
+        }
       }
-      if (bi + kStages < nb) {
-        __syncwarp();  // every lane has read the stage
-        issue(bi + kStages);
-      }
-      if (bi + 1 < nb) load_s(s_nxt);
-      run_batch(wv, s_cur, bi + 1 == nb);
-      s_cur[0] = s_nxt[0];
-      s_cur[1] = s_nxt[1];
     }
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time, the second group of a last odd one absent (its bytes not loaded).
-    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 16 + (g_first + nb * U) * 32);
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
       const bool mine = q < 2 || two;   // this thread's 16 bytes exist

@@ -89,8 +89,6 @@ struct PrepJob {
 // (tc_q4.cuh).
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
-// Shared-memory stages (2 KB each) per warp of the exact tensor-core kernels' weight ring (tc_q4.cuh).
-constexpr int kTcRingStages = 4;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
 constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
