@@ -77,6 +77,10 @@ struct Settings {
   // the tensor-core kernels than rows in order; read when a matrix is uploaded. STRATA_CUDA_LAYOUT=rows: rows
   // in order (the gemv kernels read those better).
   bool tiles = true;
+  // A group's launch sequence is captured once per shape (launch classes, item counts, grids) and slot, and
+  // replayed as a CUDA graph: one host call instead of one per kernel (the host is busy with the CPU rows
+  // beside it). STRATA_CUDA_GRAPHS=0: every kernel launched on its own.
+  bool graphs = true;
 };
 
 class CudaBackend {
@@ -120,7 +124,9 @@ class CudaBackend {
   void release_slot(Slot* s) noexcept;
   void ensure_capacity(Slot& s, const Plan& p);
   void stage(Slot& s, const Plan& p);   // inputs to the device (pinned head copy, host weights)
-  void launch(Slot& s, const Plan& p);  // the kernels
+  void launch(Slot& s, const Plan& p);  // the kernels: replayed as a CUDA graph when possible
+  void launch_direct(Slot& s, const Plan& p);
+  bool launch_graph(Slot& s, const Plan& p);
   void finish(Slot& s, const Plan& p);  // outputs to pinned memory, done event
   void sync_quietly(Slot& s) noexcept;
   const strata_resident* own_resident(const strata_resident* r);
@@ -131,6 +137,7 @@ class CudaBackend {
   int device_;
   Settings settings_;
   std::atomic<int> fail_next_{0};
+  std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly
   // STRATA_CUDA_TRACE=1: host seconds of issue()'s phases, summed and printed (means) when the backend closes.
   struct IssueTrace {
     bool on = false;

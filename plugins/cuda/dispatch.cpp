@@ -31,9 +31,21 @@ struct Slot {
   uint64_t in_bytes = 0;
   char* out = nullptr;  // pinned: outputs
   uint64_t out_bytes = 0;
+  // Launch sequences captured as CUDA graphs, by their signature (launch_signature); their kernel arguments
+  // point into `dev`, so they are dropped when it moves.
+  std::map<std::string, cudaGraphExec_t> graphs;
 };
 
 namespace {
+
+constexpr size_t kMaxGraphs = 64;  // per slot; more shapes than that: the cache starts over
+
+void drop_graphs(Slot& s) {
+#if !defined(STRATA_CUDA_EMULATE)
+  for (auto& [key, exec] : s.graphs) (void)cudaGraphExecDestroy(exec);
+#endif
+  s.graphs.clear();
+}
 
 constexpr uint64_t kResidentMagic = 0x3144495345525453ull;  // "STRESID1"
 constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
@@ -98,15 +110,10 @@ int64_t scale_count(int32_t dtype, int64_t rows, int64_t cols) {
   return 0;
 }
 
-// Device bytes of a matrix copy: padded rows, then the scales at the next aligned offset.
+// Data bytes of a matrix copy with rows in order (the int4 scales follow at the next aligned offset).
 uint64_t device_data_bytes(int32_t dtype, int64_t rows, int64_t cols) {
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(device_row_bytes(dtype, cols));
 }
-uint64_t device_matrix_bytes(int32_t dtype, int64_t rows, int64_t cols) {
-  const uint64_t data = device_data_bytes(dtype, rows, cols);
-  return is_q4(dtype) ? align_up(data) + static_cast<uint64_t>(scale_count(dtype, rows, cols)) * 4 : data;
-}
-
 // The kTiles layout of a resident int4 matrix (work.hpp): rows of a multiple of 64 bytes, 16-row tiles.
 int64_t tiles_row_bytes(int64_t cols) { return (device_row_bytes(kQ4G64, cols) + 63) / 64 * 64; }
 uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
@@ -339,6 +346,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
@@ -358,6 +366,7 @@ CudaBackend::~CudaBackend() {
   (void)cudaSetDevice(device_);
   for (auto& s : slots_) {
     if (s->stream != nullptr) (void)cudaStreamSynchronize(s->stream);
+    drop_graphs(*s);
     if (s->done != nullptr) (void)cudaEventDestroy(s->done);
     if (s->t0 != nullptr) (void)cudaEventDestroy(s->t0);
     if (s->t1 != nullptr) (void)cudaEventDestroy(s->t1);
@@ -411,6 +420,7 @@ void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
   if (s.dev_bytes < p.dev_bytes) {
     const uint64_t n = grow(s.dev_bytes, p.dev_bytes);
     if (s.dev != nullptr) {
+      drop_graphs(s);
       (void)cudaFree(s.dev);
       workspace_bytes_ -= s.dev_bytes;
       s.dev = nullptr;
@@ -930,8 +940,83 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   }
 }
 
+#if !defined(STRATA_CUDA_EMULATE)
+// What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
+// same slot (same `dev`), the same kernels run with the same arguments.
+static std::string launch_signature(const Plan& p, bool pdl) {
+  std::string k;
+  auto put = [&](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(pdl);
+  put(p.items_off);
+  put(p.jobs_off);
+  put(static_cast<uint64_t>(p.prep_blocks));
+  put(p.n_jobs_first);
+  put(p.first_down_launch);
+  for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
+  put(p.jobs.size());
+  for (const LaunchSpec& l : p.launches) {
+    put(l.tc);
+    put(static_cast<uint64_t>(l.dtype));
+    put(l.gate_up);
+    put(static_cast<uint64_t>(static_cast<int64_t>(l.splits)));
+    put(static_cast<uint64_t>(l.nt));
+    put(l.first_item);
+    put(static_cast<uint64_t>(l.n_items));
+    put(static_cast<uint64_t>(l.grid_x));
+  }
+  return k;
+}
+#endif
+
 void CudaBackend::launch(Slot& s, const Plan& p) {
   if (p.items.empty()) return;
+  if (settings_.graphs && !graphs_failed_.load() && launch_graph(s, p)) return;
+  launch_direct(s, p);
+}
+
+// Replays the plan's launches from the slot's graph cache, capturing them first if their signature is new.
+// false: graphs are not available here (the emulation, or a capture the driver refused; then never again).
+bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
+#if defined(STRATA_CUDA_EMULATE)
+  (void)s;
+  (void)p;
+  return false;
+#else
+  const std::string key = launch_signature(p, settings_.pdl);
+  auto it = s.graphs.find(key);
+  if (it == s.graphs.end()) {
+    if (s.graphs.size() >= kMaxGraphs) drop_graphs(s);
+    if (cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      graphs_failed_ = true;
+      return false;
+    }
+    cudaGraph_t g = nullptr;
+    try {
+      launch_direct(s, p);
+    } catch (...) {
+      (void)cudaStreamEndCapture(s.stream, &g);
+      if (g != nullptr) (void)cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      throw;
+    }
+    cudaError_t e = cudaStreamEndCapture(s.stream, &g);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+    if (g != nullptr) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      graphs_failed_ = true;
+      return false;
+    }
+    it = s.graphs.emplace(key, exec).first;
+  }
+  STRATA_CK(cudaGraphLaunch(it->second, s.stream), "cudaGraphLaunch");
+  return true;
+#endif
+}
+
+void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
   auto prep = [&](size_t from, size_t to) {
