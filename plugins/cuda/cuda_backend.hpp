@@ -65,8 +65,9 @@ struct Settings {
   int w4a16_min_rows = 0;
   // int4 matrices (exact mode) run on the memory-bound gemv kernels in calls (experts) with at most this many
   // rows, on the exact tensor-core kernels above; -1 = every row count (STRATA_CUDA_GEMV_MAX_ROWS=all); 0 =
-  // never (the default: on the H200 gemv is 7 % faster at 1 row, slower from 2: run8). Only 0 and -1 keep a
-  // token's result independent of the row count (prefill == decode bit for bit). STRATA_CUDA_GEMV_MAX_ROWS=N.
+  // never (the default: on the H200 the tensor cores on tiled weights are faster from 1 row: run13). Only 0
+  // and -1 keep a token's result independent of the row count (prefill == decode bit for bit).
+  // STRATA_CUDA_GEMV_MAX_ROWS=N.
   int gemv_max_rows = 0;
   // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the gemv / tensor-core kernels.
   bool force_simt = false;
