@@ -210,8 +210,6 @@ struct ItemSpec {
   int64_t y_ld = 0;
   uint64_t h_off = kNone;
   int h_splits = 0, h_kp = 0;
-  uint64_t h_enc_off = kNone, h_cnt_off = kNone;  // the fused down-operand encoding (WorkItem::h_enc)
-  int h_enc_ncols = 0;
 };
 
 struct JobSpec {
@@ -668,14 +666,10 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   p.head_bytes = lay.cursor;
 
   // Per chunk: its gate_up input operand, the region gate_up writes h to (h_off, cleared by the first
-  // preparation pass), and for an exact-mode down the operand encoded from that f32 h (dn_op_off): by the
-  // gate/up kernel itself when it is the exact tensor cores too (fused: a counter per 64-row group of h after
-  // h, cleared with it), else by a second preparation pass.
+  // preparation pass), and for an exact-mode down the operand encoded from that f32 h (dn_op_off).
   const int64_t hp = padded_cols(hidden);
   std::vector<uint64_t> in_off(chunks.size()), h_off(chunks.size()), h_bytes(chunks.size());
-  std::vector<uint64_t> h_clear(chunks.size());  // bytes cleared at h_off: h, and the fused encoding's counters
   std::vector<uint64_t> dn_op_off(chunks.size(), kNone);
-  std::vector<bool> fused(chunks.size(), false);
   int64_t max_prep = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
@@ -688,15 +682,13 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     h_bytes[i] = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, dn_nt[c.dn], fp)
                                    : static_cast<uint64_t>(c.n * h_ld) * 4;
-    fused[i] = dn_i8 && c.gu.tc && c.gu.splits == kI8Splits;
-    h_clear[i] = h_bytes[i] + (fused[i] ? (static_cast<uint64_t>(fp / kColPad) * 4 + 15) / 16 * 16 : 0);
     in_off[i] = lay.take(in_bytes);
-    h_off[i] = lay.take(h_clear[i]);
+    h_off[i] = lay.take(h_bytes[i]);
     if (dn_i8) {
       dn_op_off[i] = lay.take(tc_operand_bytes(kI8Splits, dn_nt[c.dn], fp));
-      if (!fused[i]) max_prep = std::max(max_prep, prep_threads(kI8Splits, 8 * dn_nt[c.dn], fp));
+      max_prep = std::max(max_prep, prep_threads(kI8Splits, 8 * dn_nt[c.dn], fp));
     }
-    max_prep = std::max({max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(h_clear[i] / 16)});
+    max_prep = std::max({max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(h_bytes[i] / 16)});
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
@@ -734,11 +726,6 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
           // The down operand's form (W4A16 bf16, SIMT f32 or gemv f32), or f32 to encode from (exact mode).
           it.h_splits = c.dn.splits == kI8Splits ? 0 : c.dn.splits;
           it.h_kp = static_cast<int>(padded_cols(c.gate.dm.rows));
-          if (fused[i]) {
-            it.h_enc_off = dn_op_off[i];
-            it.h_cnt_off = h_off[i] + h_bytes[i];
-            it.h_enc_ncols = 8 * dn_nt[c.dn];
-          }
           max_rows = std::max(max_rows, c.gate.dm.rows);
         } else {
           it.w0 = c.down;
@@ -774,13 +761,13 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
     j.dst_off = in_off[i];
     j.zero_off = h_off[i];
-    j.zero_bytes = static_cast<int64_t>(h_clear[i]);
+    j.zero_bytes = static_cast<int64_t>(h_bytes[i]);
     p.jobs.push_back(j);
   }
   p.n_jobs_first = p.jobs.size();
   for (size_t i = 0; i < chunks.size(); ++i) {  // the exact-mode down operands, from gate_up's f32 h
     const Chunk& c = chunks[i];
-    if (dn_op_off[i] == kNone || fused[i]) continue;
+    if (dn_op_off[i] == kNone) continue;
     const int64_t fp = padded_cols(c.gate.dm.rows);
     JobSpec j;
     j.src_off = h_off[i];
@@ -901,9 +888,6 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
     w.h = is.h_off != kNone ? base + is.h_off : nullptr;
     w.h_splits = is.h_splits;
     w.h_kp = is.h_kp;
-    w.h_enc = is.h_enc_off != kNone ? base + is.h_enc_off : nullptr;
-    w.h_cnt = is.h_cnt_off != kNone ? reinterpret_cast<int32_t*>(base + is.h_cnt_off) : nullptr;
-    w.h_enc_ncols = is.h_enc_ncols;
     w.n_tok = is.n_tok;
     w.in_splits = is.in_splits;
     std::memcpy(&items[i], &w, sizeof w);

@@ -59,17 +59,6 @@ template <class T>
 inline T __ldg(const T* p) {
   return ::strata_cuda::emu::load(p);
 }
-template <class T>
-inline T __ldcg(const T* p) {
-  return ::strata_cuda::emu::load(p);
-}
-// Blocks run one after another and a block's threads as fibers: atomics need no atomicity, fences nothing.
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
-  *p = old + v;
-  return old;
-}
-inline void __threadfence() {}
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return ::strata_cuda::emu::shfl_xor(v, lane_mask);
 }

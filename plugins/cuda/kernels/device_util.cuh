@@ -162,52 +162,6 @@ __device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s, uint32_t m
 #endif
 }
 
-__device__ __forceinline__ int round_to_int(float v) {
-#if defined(STRATA_CUDA_EMULATE)
-  return static_cast<int>(nearbyintf(v));  // the default rounding mode: to nearest, ties to even
-#else
-  return __float2int_rn(v);
-#endif
-}
-
-__device__ __forceinline__ int i8_slot(int c);
-
-// One (token r, 64-column group grp) of the exact tensor-core operand (work.hpp), by a warp: lane l holds
-// columns 2l, 2l + 1 of the group (v0, v1; zero past the matrix), `live`: r is one of the item's tokens. With
-// e the exponent of the group's largest |x| (|x| < 2^e), each x is the integer m = round(x · 2^(30 - e)),
-// |m| <= 2^30 (a rounding error of at most 2^-31 of the group's largest value: far below the f32 rounding of
-// the dot product, so "exact" in the sense of the 1e-5 conformance bound), as balanced base-256 digits d0..d3
-// in [-128, 127]: m = d0 + 256 d1 + 65536 d2 + 2^24 d3, plane p of token r in operand column 4 r + p. The
-// kernel's A bytes are 16 (nibble - 8), so the group's dot product is 2^(e - 34) · sum_p 256^p (A · d_p), the
-// multiplier (mult[r * n_groups + grp]) being 2^(e - 34); a group holding a NaN or an infinity gets NaN (its
-// token's outputs become NaN); tokens that are not live get zeros.
-__device__ __forceinline__ void i8_encode_group(float v0, float v1, bool live, int r, int grp, uint8_t* dst,
-                                                int kp, float* mult, int n_groups, int lane) {
-  const float v[2] = {live ? v0 : 0.0f, live ? v1 : 0.0f};
-  const bool finite = isfinite(v[0]) && isfinite(v[1]);
-  float amax = finite ? fmaxf(fabsf(v[0]), fabsf(v[1])) : 0.0f;
-  float bad = finite ? 0.0f : 1.0f;
-  for (int off = 16; off >= 1; off >>= 1) {
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    bad = fmaxf(bad, __shfl_xor_sync(0xffffffffu, bad, off));
-  }
-  int e = 0;
-  if (amax > 0.0f) (void)frexpf(amax, &e);  // amax = f · 2^e, f in [0.5, 1)
-  for (int h = 0; h < 2; ++h) {
-    int m = bad != 0.0f ? 0 : round_to_int(ldexpf(v[h], 30 - e));
-    const int64_t at = grp * kColPad + i8_slot(2 * lane + h);
-    for (int p = 0; p < kI8Planes; ++p) {
-      const int d = p + 1 < kI8Planes ? static_cast<int8_t>(static_cast<uint8_t>(m & 0xFF)) : m;
-      dst[static_cast<int64_t>(kI8Planes * r + p) * kp + at] = static_cast<uint8_t>(d);
-      m = (m - d) >> 8;  // exact: m - d is a multiple of 256
-    }
-  }
-  if (lane == 0) {
-    mult[static_cast<int64_t>(r) * n_groups + grp] =
-        bad != 0.0f ? __uint_as_float(0x7fc00000u) : live ? ldexpf(1.0f, e - 34) : 0.0f;
-  }
-}
-
 // Exact-mode tensor-core operands (int8 digit planes, m16n8k32): within each 16-column chunk, slot s holds
 // column 8 (s >> 3) + 2 (s & 3) + ((s >> 2) & 1), so that the 16 bytes a thread loads per 64-column group are,
 // in order, its B registers of the group's two k-steps (b0, b1 of k-step 0, then of k-step 1), matching the A

@@ -6,7 +6,21 @@
 namespace strata_cuda {
 namespace {
 
-// The exact tensor-core operand (work.hpp), a warp per (token r, 64-column group G): see i8_encode_group.
+__device__ __forceinline__ int round_to_int(float v) {
+#if defined(STRATA_CUDA_EMULATE)
+  return static_cast<int>(nearbyintf(v));  // the default rounding mode: to nearest, ties to even
+#else
+  return __float2int_rn(v);
+#endif
+}
+
+// The exact tensor-core operand (work.hpp): a warp per (token r, 64-column group G); lane l holds columns
+// 2l, 2l + 1 of the group. With e the exponent of the group's largest |x| (|x| < 2^e), each x is the integer
+// m = round(x · 2^(30 - e)), |m| <= 2^30 (a rounding error of at most 2^-31 of the group's largest value:
+// far below the f32 rounding of the dot product, so "exact" in the sense of the 1e-5 conformance bound), as
+// balanced base-256 digits d0..d3 in [-128, 127]: m = d0 + 256 d1 + 65536 d2 + 2^24 d3. The kernel's A bytes
+// are 16 (nibble - 8), so the group's dot product is 2^(e - 34) · sum_p 256^p (A · d_p), the multiplier it
+// reads being 2^(e - 34); a group holding a NaN or an infinity gets NaN (its token's outputs become NaN).
 __device__ void encode_i8_planes(const PrepJob& j) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t first_warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -25,7 +39,28 @@ __device__ void encode_i8_planes(const PrepJob& j) {
         if (col < j.cols) v[h] = j.x[row * j.x_ld + col];
       }
     }
-    i8_encode_group(v[0], v[1], r < j.n_tok, r, grp, dst, j.kp, mult, n_groups, lane);
+    const bool finite = isfinite(v[0]) && isfinite(v[1]);
+    float amax = finite ? fmaxf(fabsf(v[0]), fabsf(v[1])) : 0.0f;
+    float bad = finite ? 0.0f : 1.0f;
+    for (int off = 16; off >= 1; off >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+      bad = fmaxf(bad, __shfl_xor_sync(0xffffffffu, bad, off));
+    }
+    int e = 0;
+    if (amax > 0.0f) (void)frexpf(amax, &e);  // amax = f · 2^e, f in [0.5, 1)
+    for (int h = 0; h < 2; ++h) {
+      int m = bad != 0.0f ? 0 : round_to_int(ldexpf(v[h], 30 - e));
+      const int64_t at = grp * kColPad + i8_slot(2 * lane + h);
+      for (int p = 0; p < kI8Planes; ++p) {
+        const int d = p + 1 < kI8Planes ? static_cast<int8_t>(static_cast<uint8_t>(m & 0xFF)) : m;
+        dst[static_cast<int64_t>(kI8Planes * r + p) * j.kp + at] = static_cast<uint8_t>(d);
+        m = (m - d) >> 8;  // exact: m - d is a multiple of 256
+      }
+    }
+    if (lane == 0) {
+      mult[static_cast<int64_t>(r) * n_groups + grp] =
+          bad != 0.0f ? __uint_as_float(0x7fc00000u) : r < j.n_tok ? ldexpf(1.0f, e - 34) : 0.0f;
+    }
   }
 }
 

@@ -50,41 +50,6 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
 }
 
-// The fused encoding of the exact-mode down operand (WorkItem::h_enc), after a gate/up block has stored its 16
-// rows of f32 h: the block that completes a 64-row group of h (the last of its up to 4 blocks, counted in
-// h_cnt) encodes the group for every operand token (i8_encode_group), reading h from L2 (the other blocks'
-// stores are not in this SM's L1). Fences: each block's stores before its count (the CUDA programming guide's
-// last-block pattern), the count before the last block's reads.
-__device__ __forceinline__ void encode_h_group(const WorkItem& it, int m0, int rows_out) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  const int grp = m0 / kColPad;
-  if (threadIdx.x == 0) {
-    const int rows_in_group = imin(rows_out, (grp + 1) * kColPad) - grp * kColPad;
-    const int n_blocks = (rows_in_group + kTcRowsPerBlock - 1) / kTcRowsPerBlock;
-    last = atomicAdd(it.h_cnt + grp, 1) == n_blocks - 1 ? 1 : 0;
-    __threadfence();
-  }
-  __syncthreads();
-  if (last == 0) return;
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int n_groups = it.h_kp / kColPad;
-  uint8_t* dst = static_cast<uint8_t*>(it.h_enc);
-  float* mult = reinterpret_cast<float*>(dst + static_cast<int64_t>(it.h_enc_ncols) * it.h_kp);
-  const float* h = static_cast<const float*>(it.h);
-  for (int r = warp; r < it.h_enc_ncols / kI8Planes; r += kTcWarps) {  // warp-uniform
-    const bool live = r < it.n_tok;
-    float v0 = 0.0f, v1 = 0.0f;
-    if (live) {  // columns past the gate's rows are zero (the region is cleared by the first preparation)
-      const float* hr = h + static_cast<int64_t>(r) * it.h_kp + grp * kColPad + 2 * lane;
-      v0 = __ldcg(hr);
-      v1 = __ldcg(hr + 1);
-    }
-    i8_encode_group(v0, v1, live, r, grp, dst, it.h_kp, mult, n_groups, lane);
-  }
-}
-
 template <int FMT, int S, int NT, bool GATE_UP>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
@@ -499,9 +464,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     } else {
       it.y[static_cast<int64_t>(r) * it.y_ld + o] = v0;
     }
-  }
-  if constexpr (GATE_UP && kI8) {
-    if (it.h_enc != nullptr) encode_h_group(it, m0, rows_out);  // block-uniform
   }
 }
 

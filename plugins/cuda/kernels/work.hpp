@@ -56,10 +56,7 @@ struct DevMatrix {
 //  - linear: y[r * y_ld + o] (f32) for r < n_tok, o < rows.
 //  - gate_up: h = silu(gate·x) * (up·x) written as the next stage's input operand: h_splits == 1: the W4A16
 //    bf16 layout, row length h_kp; h_splits == 0: f32 [n_tok][h_kp] (also the staging form the exact-mode
-//    down operand is encoded from: its groups need their maxima first. With the exact tensor cores for gate/up
-//    too, the gate/up kernel encodes it into h_enc itself: the last of the blocks writing a 64-row group of h
-//    (counted in h_cnt, one zeroed counter per group) encodes that group, h_enc_ncols operand columns;
-//    otherwise h_enc is NULL and a second preparation pass does it);
+//    down operand is encoded from, by a second preparation pass: its groups need their maxima first);
 //    h_splits == kGemvSplits: the gemv kernels' scaled, slot-ordered f32 [n_tok][gemv_ld(h_kp)].
 struct WorkItem {
   DevMatrix w0;  // linear: the weight; gate_up: gate
@@ -70,9 +67,6 @@ struct WorkItem {
   void* h;
   int32_t h_splits, h_kp;
   int32_t n_tok, in_splits;
-  void* h_enc;
-  int32_t* h_cnt;
-  int32_t h_enc_ncols;
 };
 
 // A preparation job: builds one work item's input operand from f32 rows of x (gathered through `rows`, or the
