@@ -50,6 +50,29 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
 }
 
+// The weight pipeline of both modes: a warp's nb batches through two register buffers (wa/sa, wb/sb: weights,
+// and their Q4_G64 scales). Batches 0 and 1 are requested before waiting for the previous kernel (the
+// operand's producer): with a dependent launch they load while its last wave runs. Then batch i runs while
+// batch i + 1 loads. load_w(w, s): the next batch into a buffer; first(): what the first batch needs besides
+// (its B values); run(w, s, last).
+template <class W, class LoadW, class First, class Run>
+__device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2], float4 (&sb)[2], LoadW&& load_w,
+                                            First&& first, Run&& run) {
+  if (nb > 0) load_w(wa, sa);
+  if (nb > 1) load_w(wb, sb);
+  grid_dep_wait();
+  if (nb <= 0) return;
+  first();
+  for (int bi = 0; bi < nb; bi += 2) {
+    if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
+    run(wa, sa, bi + 1 == nb);
+    if (bi + 1 < nb) {
+      if (bi + 2 < nb) load_w(wa, sa);
+      run(wb, sb, bi + 2 == nb);
+    }
+  }
+}
+
 template <int FMT, int S, int NT, bool GATE_UP>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
@@ -119,6 +142,24 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
 
   // With 3 or more n-tiles a second set of B registers would spill: there B is loaded just before its k-steps.
   constexpr bool kAheadB = NT <= 2;
+  // Q4_G64 scales of rows g, g + 8 from this warp's first group on (row g + 8's s_d further): a batch's U
+  // scales per row as one 16-byte load when the row's group count allows it.
+  const int n_mine = n_groups - g_first;  // g_first is a multiple of U
+  const int nb = n_mine / U;              // whole batches
+  const float* s0 = sp[0] + g_first;
+  const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
+  const bool scales_x4 = (n_groups_all & 3) == 0;
+  auto load_s = [&](float4 (&sv)[2]) {  // the next batch's scales
+    if (kGrouped) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const float* sr = s0 + rr * s_d;
+        sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
+                           : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
+      }
+      s0 += U;
+    }
+  };
   if constexpr (kI8) {
     // int8: units of two groups (128 columns, 64 bytes of a row). Thread q reads 16 contiguous bytes of each of
     // its rows, columns 32q .. 32q + 31 of the unit (half of group 2u + q / 2), one 16-byte load per row and
@@ -128,15 +169,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     // of a unit at 32q). Each k-step mixes the two groups (q < 2: the first, q >= 2: the second), so it runs
     // twice, once per group with the other group's B registers masked to zero, into the group's own exact
     // int32 sums.
-    const int n_mine = n_groups - g_first;  // g_first is a multiple of U (even)
-    const int nb = n_mine / U;              // whole batches of U / 2 units
     const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 16 + g_first * 32);
-    const float* s0 = sp[0] + g_first;
-    const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
     const uint32_t m_first = q < 2 ? 0xFFFFFFFFu : 0u, m_second = ~m_first;  // B masks of the unit's groups
-    const bool scales_x4 = (n_groups_all & 3) == 0;
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
     // One unit: w[0], w[1] its 16 bytes of rows g, g + 8; sg[k], sh[k] the scales of its group k (rows g,
@@ -186,15 +222,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
         wv[u][1] = ld_stream_u4(w0 + w_d + w_u * u);
       }
       w0 += w_u * UN;
-      if (kGrouped) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const float* sr = s0 + rr * s_d;
-          sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
-                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
-        }
-        s0 += U;
-      }
+      load_s(sv);
     };
     auto b_load = [&](const uint8_t* p, int t, int h) {
       return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
@@ -238,25 +266,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
-    // The first two batches' weights are requested before waiting for the previous kernel (the operand's
-    // producer): with a dependent launch they load while its last wave runs. Then batch i runs while batch
-    // i + 1 loads.
     uint4 wa[UN][2], wb[UN][2];
     float4 sa[2] = {}, sb[2] = {};
-    if (nb > 0) load_w(wa, sa);
-    if (nb > 1) load_w(wb, sb);
-    grid_dep_wait();
-    if (nb > 0) {
-      if (kAheadB) load_b(bc, mc);
-      for (int bi = 0; bi < nb; bi += 2) {
-        if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
-        run_batch(wa, sa, bi + 1 == nb);
-        if (bi + 1 < nb) {
-          if (bi + 2 < nb) load_w(wa, sa);
-          run_batch(wb, sb, bi + 2 == nb);
-        }
-      }
-    }
+    run_batches(
+        nb, wa, wb, sa, sb, load_w,
+        [&] {
+          if (kAheadB) load_b(bc, mc);
+        },
+        run_batch);
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time, the second group of a last odd one absent (its bytes not loaded).
     for (int r = nb * U; r < n_mine; r += 2) {
@@ -287,15 +304,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     // ahead (two register buffers), each group's B values one group ahead, so their L1/L2 latency hides behind
     // the previous group's mma (when loaded just before use, ncu showed 52-58 % of cycles without an eligible
     // warp). Pointers advance per load; no bounds checks inside a batch.
-    const int n_mine = n_groups - g_first;
-    const int nb = n_mine / U;
     // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
     // Group u of a batch is at (u / 2) w_u + (u % 2) 32 (its unit, then its half).
     const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 8 + g_first * 32);  // columns 16q .. 16q + 15
-    const float* s0 = sp[0] + g_first;
-    const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
     const uint8_t* bnext = bp + (q * 16 + static_cast<int64_t>(g_first) * kColPad) * kElem;
-    const bool scales_x4 = (n_groups_all & 3) == 0;
     // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t for k-steps
     // 2h, 2h + 1: registers loaded ahead, or a load). Reduced from zero, then added with the group's scale.
     auto mma_group = [&](const uint2 (&w)[2], float sc0, float sc1, auto&& b) {
@@ -340,15 +352,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
         wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
       }
       w0 += w_u * (U / 2);
-      if (kGrouped) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const float* sr = s0 + rr * s_d;
-          sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
-                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
-        }
-        s0 += U;
-      }
+      load_s(sv);
     };
     auto b_load = [&](const uint8_t* p, int t, int h) {
       return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
@@ -392,20 +396,12 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     };
     uint2 wa[U][2], wb[U][2];
     float4 sa[2] = {}, sb[2] = {};
-    if (nb > 0) load_w(wa, sa);
-    if (nb > 1) load_w(wb, sb);
-    grid_dep_wait();  // as in the int8 branch
-    if (nb > 0) {
-      if (kAheadB) load_b(bc);
-      for (int bi = 0; bi < nb; bi += 2) {
-        if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
-        run_batch(wa, sa, bi + 1 == nb);
-        if (bi + 1 < nb) {
-          if (bi + 2 < nb) load_w(wa, sa);
-          run_batch(wb, sb, bi + 2 == nb);
-        }
-      }
-    }
+    run_batches(
+        nb, wa, wb, sa, sb, load_w,
+        [&] {
+          if (kAheadB) load_b(bc);
+        },
+        run_batch);
     for (int r = nb * U; r < n_mine; ++r) {
       const int j = r - nb * U;  // within the last, partial batch
       const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;
