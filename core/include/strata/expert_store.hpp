@@ -61,6 +61,9 @@ struct StoreTelemetry {
   // From the start of a layer to the start of its first CPU job (summed over layers with CPU rows): the
   // bookkeeping before the rows plus, with overlap, the wait for a thread to take the job.
   double cpu_start_s = 0;
+  // From the start of a layer to the end of its last CPU job (summed over layers with CPU rows), and to the
+  // moment its GPU group was taken (summed over layers with a GPU group): what of a layer's time comes after.
+  double cpu_end_s = 0, gpu_done_s = 0;
   StoreTelemetry operator-(const StoreTelemetry& o) const;
 };
 

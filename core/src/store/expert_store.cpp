@@ -169,6 +169,8 @@ StoreTelemetry StoreTelemetry::operator-(const StoreTelemetry& o) const {
   d.take_s -= o.take_s;
   d.layer_s -= o.layer_s;
   d.cpu_start_s -= o.cpu_start_s;
+  d.cpu_end_s -= o.cpu_end_s;
+  d.gpu_done_s -= o.gpu_done_s;
   return d;
 }
 
@@ -883,7 +885,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   // CPU rows: a flow-graph node that runs any number of groups at once; each job unpins its slots when done.
   std::exception_ptr cpu_error;
   std::mutex err_mu, pin_mu;
-  double cpu_s = 0, cpu_start = -1;
+  double cpu_s = 0, cpu_start = -1, cpu_end = -1, gpu_done = -1;
   auto note_start = [&](std::chrono::steady_clock::time_point t0) {
     std::lock_guard<std::mutex> l(pin_mu);
     if (cpu_start < 0) cpu_start = std::chrono::duration<double>(t0 - t_layer).count();
@@ -900,6 +902,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     }
     std::lock_guard<std::mutex> l(pin_mu);
     cpu_s += seconds_since(t0);
+    cpu_end = std::max(cpu_end, seconds_since(t_layer));
     for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
   });
   tbb::flow::function_node<int> side(g, 1, [&](int) {
@@ -918,6 +921,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       note_start(t0);
       s.cpu->expert_group(x, T, H, job.tasks);
       cpu_s += seconds_since(t0);
+      cpu_end = std::max(cpu_end, seconds_since(t_layer));
       for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
     }
   };
@@ -1000,6 +1004,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       recompute_gpu_on_cpu(e.what());
     }
     s.tel.take_s += seconds_since(t1);
+    gpu_done = seconds_since(t_layer);
   };
   if (issue_beside) {
     // The issue thread also takes the group (its wait yields the core to the CPU rows), so the copy of the
@@ -1014,6 +1019,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
         gpu_failed = true;
         gpu_error = e.what();
       }
+      gpu_done = seconds_since(t_layer);  // read after the issue thread's wait
     });
     issue_posted = true;
   } else if (!gpu_tasks.empty()) {
@@ -1134,6 +1140,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
   if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
+  if (cpu_end >= 0) s.tel.cpu_end_s += cpu_end;
   if (issue_posted) {  // issued and taken on the issue thread; waiting for it is the take's wait
     const auto t1 = std::chrono::steady_clock::now();
     s.issuer->wait();
@@ -1143,6 +1150,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     if (gpu_failed) recompute_gpu_on_cpu(gpu_error);
   }
   if (pending) take_gpu();
+  if (gpu_done >= 0) s.tel.gpu_done_s += gpu_done;
   if (cpu_error) std::rethrow_exception(cpu_error);
   } catch (...) {
     cleanup();
