@@ -913,16 +913,20 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       if (!cpu_error) cpu_error = std::current_exception();
     }
   });
+  auto run_here = [&](const Job& job) {  // on this thread (its exceptions propagate)
+    const auto t0 = std::chrono::steady_clock::now();
+    note_start(t0);
+    s.cpu->expert_group(x, T, H, job.tasks);
+    std::lock_guard<std::mutex> l(pin_mu);
+    cpu_s += seconds_since(t0);
+    cpu_end = std::max(cpu_end, seconds_since(t_layer));
+    for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+  };
   auto dispatch = [&](Job job) {
     if (s.options.overlap) {
       cpu_rows.try_put(std::move(job));
     } else {
-      const auto t0 = std::chrono::steady_clock::now();
-      note_start(t0);
-      s.cpu->expert_group(x, T, H, job.tasks);
-      cpu_s += seconds_since(t0);
-      cpu_end = std::max(cpu_end, seconds_since(t_layer));
-      for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+      run_here(job);
     }
   };
 
@@ -955,9 +959,9 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     for (auto& sl : s.slots) sl.pins = 0;
   };
   try {
-  // 1. Shared expert (when on the CPU) and resident rows, first: with overlap they are graph tasks that start
-  // at once on the worker threads, and this thread issues the GPU group meanwhile (the issue costs ~0.1 ms of
-  // host time: staging, launches), so the CPU rows, usually the longer part, never wait for it.
+  // 1. Shared expert (when on the CPU) first: with overlap a graph task that starts at once on a worker. The
+  // GPU group goes to the store's issue thread (the issue costs ~0.1 ms of host time: planning, staging,
+  // launches), so the CPU rows, usually the longer part, never wait for it.
   if (alongside) {
     if (s.options.overlap) {
       side.try_put(0);
@@ -965,8 +969,21 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       alongside();
     }
   }
+  // With overlap and no disk reads to wait for, this thread computes the resident rows itself, right after
+  // handing the GPU group to the issue thread (step 2): as a graph task they started 20-50 µs into a layer
+  // and the layer ended ~50-60 µs after its last CPU job on the H200's host (run22 telemetry: the graph's
+  // hand-off and join). With disk reads the rows stay a graph task: this thread submits and lands the reads.
   const bool dispatched_cpu = !ram_tasks.empty();
-  if (dispatched_cpu) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
+  const bool rows_here = s.options.overlap && misses.empty();
+  Job here;
+  if (dispatched_cpu) {
+    Job job{std::move(ram_tasks), std::move(hit_slots)};
+    if (rows_here) {
+      here = std::move(job);
+    } else {
+      dispatch(std::move(job));
+    }
+  }
 
   // 2. GPU group, issued without waiting (serially: issued and taken now).
   auto recompute_gpu_on_cpu = [&](const std::string& why) {
@@ -1031,6 +1048,8 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       take_gpu();
     }
   }
+
+  if (!here.tasks.empty()) run_here(here);
 
   // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
   // CPU rows as soon as all its runs have landed.
