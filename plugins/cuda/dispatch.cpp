@@ -31,18 +31,23 @@ struct Slot {
   uint64_t in_bytes = 0;
   char* out = nullptr;  // pinned: outputs
   uint64_t out_bytes = 0;
-  // Launch sequences captured as CUDA graphs, by their signature (launch_signature); their kernel arguments
-  // point into `dev`, so they are dropped when it moves.
-  std::map<std::string, cudaGraphExec_t> graphs;
+  // Launch sequences captured as CUDA graphs, by their signature (launch_signature), with the call count at
+  // their last use; their kernel arguments point into `dev`, so they are dropped when it moves.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;
+  };
+  std::map<std::string, Graph> graphs;
+  uint64_t graph_uses = 0;
 };
 
 namespace {
 
-constexpr size_t kMaxGraphs = 64;  // per slot; more shapes than that: the cache starts over
+constexpr size_t kMaxGraphs = 64;  // per slot; beyond that the least recently used one goes
 
 void drop_graphs(Slot& s) {
 #if !defined(STRATA_CUDA_EMULATE)
-  for (auto& [key, exec] : s.graphs) (void)cudaGraphExecDestroy(exec);
+  for (auto& [key, g] : s.graphs) (void)cudaGraphExecDestroy(g.exec);
 #endif
   s.graphs.clear();
 }
@@ -659,10 +664,12 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   Layout lay;
   p.x = x;
   p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(hidden) * 4;
-  p.x_off = lay.take(p.x_bytes);
-  p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
+  // Items and jobs first: the kernels' arguments point at them, and at offsets that do not depend on the token
+  // count a captured graph serves every call with the same launches (launch_signature).
   p.items_off = lay.take(2 * chunks.size() * sizeof(WorkItem));
   p.jobs_off = lay.take(2 * chunks.size() * sizeof(PrepJob));
+  p.x_off = lay.take(p.x_bytes);
+  p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.head_bytes = lay.cursor;
 
   // Per chunk: its gate_up input operand, the region gate_up writes h to (h_off, cleared by the first
@@ -810,10 +817,10 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   Layout lay;
   p.x = x;
   p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.cols) * 4;
+  p.items_off = lay.take(static_cast<uint64_t>(n_chunks) * sizeof(WorkItem));  // first, as in plan_group
+  p.jobs_off = lay.take(static_cast<uint64_t>(n_chunks) * sizeof(PrepJob));
   p.x_off = lay.take(p.x_bytes);
   p.rows_off = lay.take(0);
-  p.items_off = lay.take(static_cast<uint64_t>(n_chunks) * sizeof(WorkItem));
-  p.jobs_off = lay.take(static_cast<uint64_t>(n_chunks) * sizeof(PrepJob));
   p.head_bytes = lay.cursor;
   std::vector<uint64_t> in_off(static_cast<size_t>(n_chunks));
   int64_t max_prep = 0;
@@ -985,7 +992,14 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
   const std::string key = launch_signature(p, settings_.pdl);
   auto it = s.graphs.find(key);
   if (it == s.graphs.end()) {
-    if (s.graphs.size() >= kMaxGraphs) drop_graphs(s);
+    if (s.graphs.size() >= kMaxGraphs) {
+      auto lru = s.graphs.begin();
+      for (auto g = s.graphs.begin(); g != s.graphs.end(); ++g) {
+        if (g->second.last_use < lru->second.last_use) lru = g;
+      }
+      (void)cudaGraphExecDestroy(lru->second.exec);
+      s.graphs.erase(lru);
+    }
     if (cudaStreamBeginCapture(s.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
       (void)cudaGetLastError();
       graphs_failed_ = true;
@@ -995,10 +1009,13 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
     try {
       launch_direct(s, p);
     } catch (...) {
+      // A launch the capture refused: no graphs from now on; the caller launches directly (and reports a
+      // launch that fails there too).
       (void)cudaStreamEndCapture(s.stream, &g);
       if (g != nullptr) (void)cudaGraphDestroy(g);
       (void)cudaGetLastError();
-      throw;
+      graphs_failed_ = true;
+      return false;
     }
     cudaError_t e = cudaStreamEndCapture(s.stream, &g);
     cudaGraphExec_t exec = nullptr;
@@ -1009,9 +1026,10 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
       graphs_failed_ = true;
       return false;
     }
-    it = s.graphs.emplace(key, exec).first;
+    it = s.graphs.emplace(key, Slot::Graph{exec, 0}).first;
   }
-  STRATA_CK(cudaGraphLaunch(it->second, s.stream), "cudaGraphLaunch");
+  it->second.last_use = ++s.graph_uses;
+  STRATA_CK(cudaGraphLaunch(it->second.exec, s.stream), "cudaGraphLaunch");
   return true;
 #endif
 }

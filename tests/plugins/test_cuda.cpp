@@ -763,27 +763,40 @@ static void gpu_case_tiles(const PluginRecord* rec) {
           CHECK(std::memcmp(staged.data(), tiled.data(), n * 4) == 0);
         }
       }
-      // An expert group: gate/up and down of 3 experts with 1, 3 and 20 rows, resident vs staged.
-      const Group grp(rng, 130, 33, 24, {1, 3, 20}, same_format(f, 3));
-      const auto want = grp.run(*cuda);
-      std::vector<ResidentMatrix> keep;
-      std::vector<ExpertMatrices> resident;
-      for (const auto& e : grp.experts) {
-        keep.push_back(cuda->upload(e.gate));
-        keep.push_back(cuda->upload(e.up));
-        keep.push_back(cuda->upload(e.down));
-        resident.push_back({keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
-      }
-      std::vector<std::vector<float>> got(resident.size());
-      std::vector<ExpertTask> tasks;
-      for (size_t e = 0; e < resident.size(); ++e) {
-        got[e].assign(grp.rows[e].size() * static_cast<size_t>(grp.hidden), NAN);
-        tasks.push_back({&resident[e], grp.rows[e], got[e].data()});
-      }
-      cuda->expert_group(grp.x.data(), grp.n_x, grp.hidden, tasks);
-      for (size_t e = 0; e < resident.size(); ++e) {
-        CAPTURE(e);
-        CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+      // Expert groups of 3 experts with 1, 3 and 20 rows, resident vs staged: small (every warp only in the
+      // remainder of its K slice), and 1100 x 600 (whole load batches and a remainder in the same slice). With
+      // only the gate resident, gate and up differ in layout within one expert.
+      for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {1100, 600}}) {
+        CAPTURE(hidden);
+        const Group grp(rng, hidden, ffn, 24, {1, 3, 20}, same_format(f, 3));
+        const auto want = grp.run(*cuda);
+        for (bool gate_only : {false, true}) {
+          CAPTURE(gate_only);
+          std::vector<ResidentMatrix> keep;
+          std::vector<ExpertMatrices> resident;
+          for (const auto& e : grp.experts) {
+            keep.push_back(cuda->upload(e.gate));
+            ExpertMatrices m{keep.back().matrix(), e.up, e.down};
+            if (!gate_only) {
+              keep.push_back(cuda->upload(e.up));
+              m.up = keep.back().matrix();
+              keep.push_back(cuda->upload(e.down));
+              m.down = keep.back().matrix();
+            }
+            resident.push_back(m);
+          }
+          std::vector<std::vector<float>> got(resident.size());
+          std::vector<ExpertTask> tasks;
+          for (size_t e = 0; e < resident.size(); ++e) {
+            got[e].assign(grp.rows[e].size() * static_cast<size_t>(grp.hidden), NAN);
+            tasks.push_back({&resident[e], grp.rows[e], got[e].data()});
+          }
+          cuda->expert_group(grp.x.data(), grp.n_x, grp.hidden, tasks);
+          for (size_t e = 0; e < resident.size(); ++e) {
+            CAPTURE(e);
+            CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+          }
+        }
       }
     }
   }

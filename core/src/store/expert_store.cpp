@@ -1036,7 +1036,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
         gpu_failed = true;
         gpu_error = e.what();
       }
-      gpu_done = seconds_since(t_layer);  // read after the issue thread's wait
+      if (!gpu_failed) gpu_done = seconds_since(t_layer);  // read after the issue thread's wait
     });
     issue_posted = true;
   } else if (!gpu_tasks.empty()) {
@@ -1049,7 +1049,15 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     }
   }
 
-  if (!here.tasks.empty()) run_here(here);
+  // The next layer's look-ahead reads go out before the rows (without disk misses nothing else is submitted).
+  bool prefetched = false;
+  if (!here.tasks.empty()) {
+    if (s.options.prefetch) {
+      issue_prefetch(layer, x, T);
+      prefetched = true;
+    }
+    run_here(here);
+  }
 
   // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
   // CPU rows as soon as all its runs have landed.
@@ -1155,7 +1163,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     s.tel.disk_wait_s += waited;
   }
 
-  if (s.options.prefetch) issue_prefetch(layer, x, T);
+  if (s.options.prefetch && !prefetched) issue_prefetch(layer, x, T);
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
   if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
@@ -1166,7 +1174,10 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     issue_posted = false;
     s.tel.take_s += seconds_since(t1);
     s.tel.gpu_issue_s += issue_s;
-    if (gpu_failed) recompute_gpu_on_cpu(gpu_error);
+    if (gpu_failed) {
+      recompute_gpu_on_cpu(gpu_error);
+      gpu_done = seconds_since(t_layer);
+    }
   }
   if (pending) take_gpu();
   if (gpu_done >= 0) s.tel.gpu_done_s += gpu_done;

@@ -80,23 +80,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   // Stream s reads row o0 + i of matrix m (clamped to the last row): a base pointer per matrix and 32-bit
   // offsets (at most 3 rows apart, or in the next 16-row tile: well within 2^31 bytes for any real matrix)
   // keep the registers for accumulators. Chunk c of a row is at c * 16 (rows in order) or, in tiles, at
-  // 1024 (c / 4) + 16 (c % 4) from the row's first byte (see DevMatrix); gate and up share the layout.
+  // 1024 (c / 4) + 16 (c % 4) from the row's first byte (see DevMatrix); gate and up may differ (one resident,
+  // one staged), so offsets and layout are per matrix.
   const uint8_t* wb[NM];
   const float* sb[NM];
-  int32_t woff[R], soff[R];
+  int32_t woff[NM][R], soff[R];
+  bool tiles[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
     const DevMatrix& mat = m == 0 ? it.w0 : it.w1;
     wb[m] = static_cast<const uint8_t*>(mat.data) + q4_row_byte(mat, o0, 0);
     sb[m] = mat.scales + (kGrouped ? static_cast<int64_t>(o0) * n_groups : o0);
+    tiles[m] = mat.layout == kTiles;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int d = imin(i, rows_out - 1 - o0);
+      woff[m][i] = static_cast<int32_t>(q4_row_byte(mat, o0 + d, 0) - q4_row_byte(mat, o0, 0));
+    }
   }
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const int d = imin(i, rows_out - 1 - o0);
-    woff[i] = static_cast<int32_t>(q4_row_byte(it.w0, o0 + d, 0) - q4_row_byte(it.w0, o0, 0));
-    soff[i] = kGrouped ? d * n_groups : d;
-  }
-  const bool tiles = it.w0.layout == kTiles;
+  for (int i = 0; i < R; ++i) soff[i] = kGrouped ? imin(i, rows_out - 1 - o0) * n_groups : imin(i, rows_out - 1 - o0);
   const float* x = static_cast<const float*>(it.in);
   const int ld = gemv_ld(kp);  // the operand's row length (slot order, see gemv_slot)
   const uint32_t hide0 = static_cast<uint32_t>(it.n_tok - T);  // 0: every item of the launch has T tokens
@@ -112,8 +115,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   auto load = [&](int c, uint4 (&w)[NS], float (&sc)[NS]) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-      const int64_t at = tiles ? static_cast<int64_t>(c >> 2) * 1024 + (c & 3) * 16 : static_cast<int64_t>(c) * 16;
-      w[s] = ld_stream_u4(wb[s / R] + woff[s % R] + at);
+      const int64_t at =
+          tiles[s / R] ? static_cast<int64_t>(c >> 2) * 1024 + (c & 3) * 16 : static_cast<int64_t>(c) * 16;
+      w[s] = ld_stream_u4(wb[s / R] + woff[s / R][s % R] + at);
       sc[s] = kGrouped ? __ldg(sb[s / R] + soff[s % R] + (c >> 1)) : 0.0f;
     }
   };

@@ -25,7 +25,7 @@ constexpr int kColPad = 64;
 //     kernel then reads 512 contiguous bytes per load (lane 4g + q: row g or g + 8, unit bytes 16q ..); with
 //     rows in order it read 8 rows x 64 bytes per load, which measured 2.1 TB/s of pure reads on the H200 at
 //     16 warps per SM against 3.3 TB/s for this layout (bench_read). Any 16-byte aligned chunk of a row stays
-//     contiguous (q4_row_chunk), so the gemv and SIMT kernels read both layouts.
+//     contiguous (q4_row_byte), so the gemv and SIMT kernels read both layouts.
 // Q4_G64 scales: scales[o * (kp / 64) + g]; Q4_ROW: scales[o] (row order in both layouts).
 enum : int32_t { kRowMajor = 0, kTiles = 1 };
 struct DevMatrix {
