@@ -149,6 +149,20 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   const float* s0 = sp[0] + g_first;
   const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
   const bool scales_x4 = (n_groups_all & 3) == 0;
+  // One 16-byte B load of n-tile t (k-steps 2h, 2h + 1) at p; zeros for a column past the tokens. fetch_b:
+  // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
+  auto b_load = [&](const uint8_t* p, int t, int h) {
+    return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
+  };
+  auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
+    if (kAheadB) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) bv[t][h] = b_load(p, t, h);
+      }
+    }
+  };
   auto load_s = [&](float4 (&sv)[2]) {  // the next batch's scales
     if (kGrouped) {
 #pragma unroll
@@ -224,19 +238,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       w0 += w_u * UN;
       load_s(sv);
     };
-    auto b_load = [&](const uint8_t* p, int t, int h) {
-      return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
-    };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
-      if (kAheadB) {
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) bv[t][h] = b_load(bnext, t, h);
-        }
-      }
+      fetch_b(bv, bnext);
       b_at = bnext;
       bnext += 2 * kColPad;
 #pragma unroll
@@ -354,19 +359,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       w0 += w_u * (U / 2);
       load_s(sv);
     };
-    auto b_load = [&](const uint8_t* p, int t, int h) {
-      return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
-    };
     // The next group's B values (kept in bv, or only their address noted in b_at); advances the pointer.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2]) {
-      if (kAheadB) {
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) bv[t][h] = b_load(bnext, t, h);
-        }
-      }
+      fetch_b(bv, bnext);
       b_at = bnext;
       bnext += kColPad * kElem;
     };
