@@ -922,8 +922,12 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     cpu_end = std::max(cpu_end, seconds_since(t_layer));
     for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
   };
+  // A CPU job goes to the graph only with overlap and disk reads in this layer (this thread then submits and
+  // lands the reads, which add jobs as they land); otherwise this thread computes it: as a graph task the
+  // resident rows started 20-50 µs into a layer and the layer ended 50-60 µs after its last CPU job on the
+  // H200's host (run22 telemetry: the graph's hand-off and join).
   auto dispatch = [&](Job job) {
-    if (s.options.overlap) {
+    if (s.options.overlap && !misses.empty()) {
       cpu_rows.try_put(std::move(job));
     } else {
       run_here(job);
@@ -969,21 +973,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       alongside();
     }
   }
-  // With overlap and no disk reads to wait for, this thread computes the resident rows itself, right after
-  // handing the GPU group to the issue thread (step 2): as a graph task they started 20-50 µs into a layer
-  // and the layer ended ~50-60 µs after its last CPU job on the H200's host (run22 telemetry: the graph's
-  // hand-off and join). With disk reads the rows stay a graph task: this thread submits and lands the reads.
   const bool dispatched_cpu = !ram_tasks.empty();
-  const bool rows_here = s.options.overlap && misses.empty();
-  Job here;
-  if (dispatched_cpu) {
-    Job job{std::move(ram_tasks), std::move(hit_slots)};
-    if (rows_here) {
-      here = std::move(job);
-    } else {
-      dispatch(std::move(job));
-    }
-  }
 
   // 2. GPU group, issued without waiting (serially: issued and taken now).
   auto recompute_gpu_on_cpu = [&](const std::string& why) {
@@ -1049,15 +1039,12 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     }
   }
 
-  // The next layer's look-ahead reads go out before the rows (without disk misses nothing else is submitted).
-  bool prefetched = false;
-  if (!here.tasks.empty()) {
-    if (s.options.prefetch) {
-      issue_prefetch(layer, x, T);
-      prefetched = true;
-    }
-    run_here(here);
-  }
+  // The resident rows, once the GPU group is on its way (on this thread unless disk reads follow; dispatch).
+  // Without disk misses the next layer's look-ahead reads go out first (nothing else is submitted); with them,
+  // after this layer's reads.
+  const bool prefetch_first = s.options.prefetch && misses.empty();
+  if (prefetch_first) issue_prefetch(layer, x, T);
+  if (dispatched_cpu) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
 
   // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
   // CPU rows as soon as all its runs have landed.
@@ -1163,7 +1150,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     s.tel.disk_wait_s += waited;
   }
 
-  if (s.options.prefetch && !prefetched) issue_prefetch(layer, x, T);
+  if (s.options.prefetch && !prefetch_first) issue_prefetch(layer, x, T);
   g.wait_for_all();
   s.tel.cpu_rows_s += cpu_s;
   if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
