@@ -239,19 +239,21 @@ int main(int argc, char** argv) {
       struct Variant {
         const char* name;
         int gemv_max_rows;
-        bool simt, pdl, tiles;
+        bool simt, pdl, tiles, layer;
         int max_rows;
       };
-      const Variant variants[] = {{"gemv f32 (exact, opt-in)", -1, false, true, false, 8},
-                                  {"tensor cores, exact (default)", 0, false, true, true, 8},
-                                  {"tensor cores, exact, no PDL", 0, false, false, true, 2},
-                                  {"tensor cores, exact, rows", 0, false, true, false, 2},
-                                  {"SIMT f32", -1, true, true, false, 4}};
+      const Variant variants[] = {{"gemv f32 (exact, opt-in)", -1, false, true, false, true, 8},
+                                  {"tensor cores, exact (default)", 0, false, true, true, true, 8},
+                                  {"tensor cores, exact, 2 passes", 0, false, true, true, false, 2},
+                                  {"tensor cores, exact, no PDL", 0, false, false, true, true, 2},
+                                  {"tensor cores, exact, rows", 0, false, true, false, true, 2},
+                                  {"SIMT f32", -1, true, true, false, true, 4}};
       for (const Variant& v : variants) {
         const Pool& vp = v.tiles ? pool : pool_rows;
         b.settings().gemv_max_rows = v.gemv_max_rows;
         b.settings().force_simt = v.simt;
         b.settings().pdl = v.pdl;
+        b.settings().layer_kernel = v.layer;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows > v.max_rows || (quick && (v.simt || v.max_rows == 2))) continue;  // A/B rows: full runs only
           std::vector<float> x(static_cast<size_t>(rows * H));
@@ -277,6 +279,7 @@ int main(int argc, char** argv) {
         }
       }
       b.settings().pdl = true;
+      b.settings().layer_kernel = true;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

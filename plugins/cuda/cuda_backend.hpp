@@ -82,6 +82,12 @@ struct Settings {
   // replayed as a CUDA graph: one host call instead of one per kernel (the host is busy with the CPU rows
   // beside it). STRATA_CUDA_GRAPHS=0: every kernel launched on its own.
   bool graphs = true;
+  // A decode group whose experts all run on the exact tensor cores (one format, up to 2 rows per expert) is
+  // one launch after the operand preparation: the layer kernel (kernels/tc_layer.cuh) runs the gate/up tiles
+  // and then the down tiles, each expert's down tiles as soon as its h is complete, instead of a gate/up
+  // launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the three
+  // launches (A/B).
+  bool layer_kernel = true;
 };
 
 class CudaBackend {

@@ -52,6 +52,23 @@ void drop_graphs(Slot& s) {
   s.graphs.clear();
 }
 
+// Waits for a slot's done event: polls for up to 50 µs (a lone waiter sees a short group within a query's time;
+// sched_yield offers the core to any CPU rows meanwhile), then sleeps in cudaEventSynchronize (a BlockingSync
+// event: woken by the device's interrupt) so a longer wait does not take a core from the CPU rows.
+cudaError_t wait_done(cudaEvent_t done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  cudaError_t e;
+  while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() >= until) {
+      e = cudaEventSynchronize(done);
+      break;
+    }
+    sched_yield();
+  }
+  if (e == cudaSuccess) (void)cudaGetLastError();  // no "not ready" left behind for this thread's next launch
+  return e;
+}
+
 constexpr uint64_t kResidentMagic = 0x3144495345525453ull;  // "STRESID1"
 constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
 constexpr uint64_t kAlign = 256;
@@ -249,6 +266,10 @@ struct Plan {
   std::vector<LaunchSpec> launches;
   std::vector<strata_group::OutCopy> outs;  // offsets relative to y_off
   int prep_blocks = 1;
+  // The layer kernel instead of launches[0] (gate_up), the down operands' preparation and launches[1] (down):
+  // LayerWork's counters at sync_off (sync_bytes of zeros in the head).
+  bool layer = false;
+  uint64_t sync_off = 0, sync_bytes = 0;
 };
 
 namespace {
@@ -352,6 +373,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
@@ -399,7 +421,9 @@ Slot* CudaBackend::acquire_slot() {
   }
   auto s = std::make_unique<Slot>();
   cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+  // BlockingSync: a waiter that outlasts wait_done's spin sleeps until the device's interrupt instead of
+  // spinning on a core the CPU rows need.
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming | cudaEventBlockingSync);
   if (e != cudaSuccess) {
     if (s->stream != nullptr) (void)cudaStreamDestroy(s->stream);
     throw_cuda(e, "stream creation", device_);
@@ -668,6 +692,10 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   // count a captured graph serves every call with the same launches (launch_signature).
   p.items_off = lay.take(2 * chunks.size() * sizeof(WorkItem));
   p.jobs_off = lay.take(2 * chunks.size() * sizeof(PrepJob));
+  int64_t widest = 0;  // gate rows: the layer kernel counts gate/up tiles per 64-row group of h
+  for (const Chunk& c : chunks) widest = std::max<int64_t>(widest, c.gate.dm.rows);
+  p.sync_bytes = (1 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
+  p.sync_off = lay.take(p.sync_bytes);
   p.x_off = lay.take(p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.head_bytes = lay.cursor;
@@ -788,6 +816,14 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.dst_off = dn_op_off[i];
     p.jobs.push_back(j);
   }
+  // One gate_up and one down launch, both exact tensor cores of one format with 1-2 n-tiles: the layer kernel
+  // (its items: the gate_up items, then the down items, both in chunk order; a down job per chunk).
+  if (settings_.layer_kernel && p.launches.size() == 2 && p.first_down_launch == 1) {
+    const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
+    p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
+              gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
+              p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items);
+  }
   return p;
 }
 
@@ -883,6 +919,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
   if (p.x_bytes > 0) std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
   if (!p.rows.empty()) std::memcpy(s.in + p.rows_off, p.rows.data(), p.rows.size() * sizeof(int32_t));
+  if (p.sync_bytes > 0) std::memset(s.in + p.sync_off, 0, p.sync_bytes);
   WorkItem* items = reinterpret_cast<WorkItem*>(s.in + p.items_off);
   for (size_t i = 0; i < p.items.size(); ++i) {
     const ItemSpec& is = p.items[i];
@@ -959,6 +996,8 @@ static std::string launch_signature(const Plan& p, bool pdl) {
   put(static_cast<uint64_t>(p.prep_blocks));
   put(p.n_jobs_first);
   put(p.first_down_launch);
+  put(p.layer);
+  put(p.sync_off);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
   put(p.jobs.size());
   for (const LaunchSpec& l : p.launches) {
@@ -1048,6 +1087,20 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     }
   };
   prep(0, p.n_jobs_first);
+  if (p.layer) {
+    const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
+    LayerWork lw{};
+    lw.items = reinterpret_cast<const WorkItem*>(s.dev + p.items_off);
+    lw.dn_jobs = reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + p.n_jobs_first;
+    lw.sync = reinterpret_cast<int32_t*>(s.dev + p.sync_off);
+    lw.n_items = gu.n_items;
+    lw.gu_tiles = gu.grid_x;
+    lw.dn_tiles = dn.grid_x;
+    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lw, on) : launch_layer_q4row_tc(gu.nt, lw, on);
+    STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
+                     std::to_string(gu.n_items) + " experts)");
+    return;
+  }
   for (size_t li = 0; li < p.launches.size(); ++li) {
     if (li == p.first_down_launch) prep(p.n_jobs_first, p.jobs.size());
     const LaunchSpec& l = p.launches[li];
@@ -1165,14 +1218,8 @@ void CudaBackend::take(strata_group* group) {
   std::unique_ptr<strata_group> g(group);
   Slot* s = g->slot;
   const cudaError_t sd = cudaSetDevice(device_);
-  // Polls instead of cudaEventSynchronize (which spins without yielding): the taker may be a thread beside the
-  // CPU rows (the store's issue thread), which offers its core to them while the GPU works (sched_yield: the
-  // scheduler may still run it), and a lone waiter still sees the event within a query's time.
   cudaError_t e = sd;
-  if (e == cudaSuccess) {
-    while ((e = cudaEventQuery(s->done)) == cudaErrorNotReady) sched_yield();
-    if (e == cudaSuccess) (void)cudaGetLastError();  // no "not ready" left behind for this thread's next launch
-  }
+  if (e == cudaSuccess) e = wait_done(s->done);
   if (e != cudaSuccess) {
     sync_quietly(*s);
     release_slot(s);
@@ -1209,7 +1256,7 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
     stage(*s, p);
     launch(*s, p);
     finish(*s, p);
-    STRATA_CK(cudaEventSynchronize(s->done), "matmul");
+    STRATA_CK(wait_done(s->done), "matmul");
   } catch (...) {
     sync_quietly(*s);
     release_slot(s);

@@ -809,6 +809,82 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
   }
 }
 
+// The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against the
+// separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats, odd
+// shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows; several
+// threads with layer kernels in flight at once on one device.
+static void gpu_case_layer(const PluginRecord* rec) {
+  auto layer = make_backend(*rec);
+  auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
+  auto ref = cpu_reference();
+  std::mt19937 rng(2027);
+  for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+    CAPTURE(weight_format_name(f));
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {1100, 600}, {256, 96}}) {
+      CAPTURE(hidden);
+      const std::vector<int> counts =
+          hidden == 256 ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1} : std::vector<int>{1, 2, 0, 3};
+      const Group grp(rng, hidden, ffn, 5, counts, same_format(f, counts.size()));
+      const auto want = grp.run(*passes);
+      const auto cpu = grp.run(*ref);
+      for (bool resident : {false, true}) {
+        CAPTURE(resident);
+        std::vector<ResidentMatrix> keep;
+        std::vector<ExpertMatrices> experts;
+        for (const auto& e : grp.experts) {
+          if (!resident) {
+            experts.push_back(e);
+            continue;
+          }
+          keep.push_back(layer->upload(e.gate));
+          keep.push_back(layer->upload(e.up));
+          keep.push_back(layer->upload(e.down));
+          experts.push_back({keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
+        }
+        std::vector<std::vector<float>> got(experts.size());
+        std::vector<ExpertTask> tasks;
+        for (size_t e = 0; e < experts.size(); ++e) {
+          got[e].assign(grp.rows[e].size() * static_cast<size_t>(grp.hidden), NAN);
+          tasks.push_back({&experts[e], grp.rows[e], got[e].data()});
+        }
+        layer->expert_group(grp.x.data(), grp.n_x, grp.hidden, tasks);
+        for (size_t e = 0; e < experts.size(); ++e) {
+          CAPTURE(e);
+          CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+          CHECK(rel_err(got[e].data(), cpu[e].data(), cpu[e].size()) <= kExactTol);
+        }
+      }
+    }
+  }
+  // Layer kernels of several threads' groups in flight at once (each slot has its own stream).
+  const Group grp(rng, 512, 256, 4, {1, 1, 2, 1, 1, 1}, same_format(WeightFormat::Q4_G64, 6));
+  const auto want = grp.run(*passes);
+  std::vector<std::thread> threads;
+  std::vector<int> ok(6, 0);
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      bool good = true;
+      for (int rep = 0; rep < 20; ++rep) {
+        std::vector<std::vector<float>> out;
+        const auto tasks = grp.tasks(out);
+        PendingGroup g = layer->issue(grp.x.data(), grp.n_x, grp.hidden, tasks);
+        g.take();
+        good = good && out == want;
+      }
+      ok[static_cast<size_t>(t)] = good ? 1 : 0;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(std::all_of(ok.begin(), ok.end(), [](int v) { return v == 1; }));
+}
+
+TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up, preparation and down launches") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_layer(rec);
+  }
+}
+
 static void gpu_case_7(const PluginRecord* rec) {
   auto cuda = make_backend(*rec);
   std::mt19937 rng(21);

@@ -1,6 +1,7 @@
 // CPU emulation of the CUDA device features the kernels use (STRATA_CUDA_EMULATE builds only; see emu.cpp):
-// thread/block coordinates, __ldg, warp shuffles, __syncwarp, __syncthreads, mma.sync m16n8k16 bf16 and m16n8k32 s8, one
-// bf16x2 fma, with warps run as 32 fibers that meet at every collective instruction.
+// thread/block coordinates, __ldg/__ldcg, atomicAdd, __threadfence, warp shuffles, __syncwarp, __syncthreads,
+// mma.sync m16n8k16 bf16 and m16n8k32 s8, one bf16x2 fma, with warps run as 32 fibers that meet at every
+// collective instruction.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,6 +60,17 @@ template <class T>
 inline T __ldg(const T* p) {
   return ::strata_cuda::emu::load(p);
 }
+template <class T>
+inline T __ldcg(const T* p) {
+  return ::strata_cuda::emu::load(p);
+}
+// Blocks run one after another: atomics and fences need nothing more.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return ::strata_cuda::emu::shfl_xor(v, lane_mask);
 }

@@ -5,6 +5,8 @@
 #include "../kernels/gate_up_q4row_gemv.cu"
 #include "../kernels/gate_up_q4row_tc.cu"
 #include "../kernels/gate_up_simt.cu"
+#include "../kernels/layer_q4g64_tc.cu"
+#include "../kernels/layer_q4row_tc.cu"
 #include "../kernels/linear_q4g64_gemv.cu"
 #include "../kernels/linear_q4g64_tc.cu"
 #include "../kernels/linear_q4row_gemv.cu"

@@ -226,6 +226,51 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 #endif
 }
 
+// A flag between blocks of one launch, read with ld.acquire at GPU scope (the writer: __threadfence, then an
+// atomic; the emulation runs blocks one after another: a plain read). sleep_ns: a pause in a wait loop.
+__device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return *p;
+#else
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+__device__ __forceinline__ void sleep_ns(unsigned ns) {
+#if defined(STRATA_CUDA_EMULATE)
+  (void)ns;
+#else
+  __nanosleep(ns);
+#endif
+}
+
+// Weak (plain, L1-cached) loads of data written earlier in the same launch by another block and published by
+// a release/acquire pair (the layer kernel's down operand): unlike __ldg's read-only path they are ordered by
+// the PTX memory model after the acquire, and unlike ld.cg they still hit in L1 (through L2 every down tile
+// re-read its operand there: +18 us per GLM-5.2 layer on the H200).
+__device__ __forceinline__ uint4 ld_weak_u4(const void* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return __ldg(static_cast<const uint4*>(p));
+#else
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+#endif
+}
+__device__ __forceinline__ float ld_weak_f32(const float* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return __ldg(p);
+#else
+  float v;
+  asm volatile("ld.global.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
 __device__ __forceinline__ uint2 ld_cached_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint4 ld_cached_u4(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 

@@ -52,15 +52,15 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
 
 // The weight pipeline of both modes: a warp's nb batches through two register buffers (wa/sa, wb/sb: weights,
 // and their Q4_G64 scales). Batches 0 and 1 are requested before waiting for the previous kernel (the
-// operand's producer): with a dependent launch they load while its last wave runs. Then batch i runs while
-// batch i + 1 loads. load_w(w, s): the next batch into a buffer; first(): what the first batch needs besides
-// (its B values); run(w, s, last).
-template <class W, class LoadW, class First, class Run>
+// operand's producer; wait_inputs(), called by every warp of the block): with a dependent launch they load
+// while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s): the next batch into a
+// buffer; first(): what the first batch needs besides (its B values); run(w, s, last).
+template <class W, class LoadW, class Wait, class First, class Run>
 __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2], float4 (&sb)[2], LoadW&& load_w,
-                                            First&& first, Run&& run) {
+                                            Wait&& wait_inputs, First&& first, Run&& run) {
   if (nb > 0) load_w(wa, sa);
   if (nb > 1) load_w(wb, sb);
-  grid_dep_wait();
+  wait_inputs();
   if (nb <= 0) return;
   first();
   for (int bi = 0; bi < nb; bi += 2) {
@@ -73,9 +73,13 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
   }
 }
 
-template <int FMT, int S, int NT, bool GATE_UP>
-__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
-    tc_q4_kernel(const WorkItem* __restrict__ items) {
+// One block's work: tile(s) bx of item `it`. wait_inputs() returns once the operand (and anything else an
+// earlier launch or block writes) may be read; every warp calls it once (block-uniformly: it may hold a
+// barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
+// tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
+// path (ld_weak_u4).
+template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, class Wait>
+__device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
@@ -88,13 +92,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   constexpr int U = 4;                 // 64-column groups per load batch
   constexpr bool kGrouped = FMT == kQ4G64;
 
-  grid_dep_launch();
-  const WorkItem& it = items[blockIdx.y];
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   const int part = warp / KS;
-  const int m0 = static_cast<int>(blockIdx.x) * (GATE_UP ? kTcRowsPerBlock : 2 * kTcRowsPerBlock);
+  const int m0 = bx * (GATE_UP ? kTcRowsPerBlock : 2 * kTcRowsPerBlock);
   if (m0 >= rows_out) return;  // the whole block (m0 depends on the block only)
   const DevMatrix& mat = GATE_UP && part == 1 ? it.w1 : it.w0;  // this warp's matrix
   const int tb = GATE_UP ? m0 : m0 + 16 * part;                  // and tile
@@ -122,6 +124,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
+  auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
   // Operand columns past n_tok tokens are zero: a thread whose column is one of them feeds zeros without
@@ -152,7 +155,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
   // One 16-byte B load of n-tile t (k-steps 2h, 2h + 1) at p; zeros for a column past the tokens. fetch_b:
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
-    return live[t] ? ld_cached_u4(p + t * ntile_stride + 16 * h) : make_uint4(0u, 0u, 0u, 0u);
+    const uint8_t* a = p + t * ntile_stride + 16 * h;
+    return live[t] ? (FRESH ? ld_weak_u4(a) : ld_cached_u4(a)) : make_uint4(0u, 0u, 0u, 0u);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
     if (kAheadB) {
@@ -246,8 +250,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       bnext += 2 * kColPad;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        mv[t][0] = __ldg(mnext + 2 * t * n_groups_all);
-        mv[t][1] = __ldg(mnext + 2 * t * n_groups_all + 1);
+        mv[t][0] = ld_m(mnext + 2 * t * n_groups_all);
+        mv[t][1] = ld_m(mnext + 2 * t * n_groups_all + 1);
       }
       mnext += 2;
     };
@@ -274,7 +278,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     uint4 wa[UN][2], wb[UN][2];
     float4 sa[2] = {}, sb[2] = {};
     run_batches(
-        nb, wa, wb, sa, sb, load_w,
+        nb, wa, wb, sa, sb, load_w, wait_inputs,
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
@@ -296,8 +300,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       for (int t = 0; t < NT; ++t) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) bt[t][h] = mine ? b_load(bnext, t, h) : z;
-        mt[t][0] = __ldg(mnext + 2 * t * n_groups_all);
-        mt[t][1] = two ? __ldg(mnext + 2 * t * n_groups_all + 1) : 0.0f;
+        mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
+        mt[t][1] = two ? ld_m(mnext + 2 * t * n_groups_all + 1) : 0.0f;
       }
       bnext += 2 * kColPad;
       mnext += 2;
@@ -393,7 +397,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     uint2 wa[U][2], wb[U][2];
     float4 sa[2] = {}, sb[2] = {};
     run_batches(
-        nb, wa, wb, sa, sb, load_w,
+        nb, wa, wb, sa, sb, load_w, wait_inputs,
         [&] {
           if (kAheadB) load_b(bc);
         },
@@ -457,6 +461,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
       it.y[static_cast<int64_t>(r) * it.y_ld + o] = v0;
     }
   }
+}
+
+template <int FMT, int S, int NT, bool GATE_UP>
+__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
+    tc_q4_kernel(const WorkItem* __restrict__ items) {
+  grid_dep_launch();
+  tc_q4_tile<FMT, S, NT, GATE_UP>(items[blockIdx.y], static_cast<int>(blockIdx.x), [] { grid_dep_wait(); });
 }
 
 // Launches the instance for (splits, nt); cudaErrorInvalidValue for a combination that is not instantiated.

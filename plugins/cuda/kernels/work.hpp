@@ -85,6 +85,15 @@ struct PrepJob {
   int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
+// The layer kernel's work (tc_layer.cuh): an expert group's gate/up and down passes in one launch.
+struct LayerWork {
+  const WorkItem* items;   // n_items gate_up items, then their n_items down items in the same order
+  const PrepJob* dn_jobs;  // n_items: each down operand's encoding from its gate_up item's f32 h
+  int32_t* sync;           // 1 + n_items (1 + ceil(gu_tiles / 4)) zeros: the ticket, per item its down
+                           // operand's groups encoded, per item and 64-row group of h its gate/up tiles done
+  int32_t n_items, gu_tiles, dn_tiles;  // tiles (blocks) per gate_up item and per down item
+};
+
 // Tensor-core kernels: a block is one 16-row tile (gate/up) or two (linear), its 4 warps split the work
 // (tc_q4.cuh).
 constexpr int kTcWarps = 4;
@@ -125,6 +134,9 @@ cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, i
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+// The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
+cudaError_t launch_layer_q4g64_tc(int nt, const LayerWork& lw, const Queue& on);
+cudaError_t launch_layer_q4row_tc(int nt, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
