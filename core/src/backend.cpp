@@ -182,6 +182,15 @@ PendingGroup Backend::issue(const float* x, int64_t n_x_rows, int64_t hidden,
   return g;
 }
 
+bool Backend::register_host(void* p, size_t bytes) const {
+  if (!STRATA_PLUGIN_HAS_SLOT(vt_, host_register) || !STRATA_PLUGIN_HAS_SLOT(vt_, host_unregister)) return false;
+  return vt_->host_register(handle_, p, bytes) == STRATA_OK;
+}
+
+void Backend::unregister_host(void* p) const {
+  if (STRATA_PLUGIN_HAS_SLOT(vt_, host_unregister)) (void)vt_->host_unregister(handle_, p);
+}
+
 ResidentMatrix& ResidentMatrix::operator=(ResidentMatrix&& o) noexcept {
   if (this != &o) {
     reset();

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -49,8 +50,9 @@ struct strata_group {
   strata_cuda::Slot* slot;
   struct OutCopy {
     float* dst;
-    uint64_t offset;  // in the slot's pinned output buffer
+    uint64_t offset;  // in the slot's pinned output buffer (the same offset as in the device's y region)
     uint64_t bytes;
+    bool direct;  // dst is in registered host memory: the device copies there itself (host_register)
   };
   std::vector<OutCopy> outs;
 };
@@ -115,6 +117,10 @@ class CudaBackend {
   void free(strata_resident* r);
   strata_memory_info memory_info();
 
+  // Host memory the device copies group outputs into directly (cudaHostRegister); see plugin_abi.h.
+  void host_register(void* p, uint64_t bytes);
+  void host_unregister(void* p);
+
   // Bench: runs the kernels of one expert group `iters` times (inputs staged once) and returns the time of
   // each run in ms, measured with events on the device; the outputs of the last run are written to the tasks.
   // hold_us > 0: each run's launches are queued behind a kernel spinning that long, so the time is the
@@ -145,17 +151,20 @@ class CudaBackend {
   Settings settings_;
   std::atomic<int> fail_next_{0};
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly
-  // STRATA_CUDA_TRACE=1: host seconds of issue()'s phases, summed and printed (means) when the backend closes.
+  // STRATA_CUDA_TRACE=1: host seconds of issue()'s and take()'s phases, summed and printed (means) when the
+  // backend closes.
   struct IssueTrace {
     bool on = false;
-    uint64_t calls = 0;
+    uint64_t calls = 0, takes = 0;
     double plan = 0, slot = 0, stage = 0, launch = 0, finish = 0;
+    double take_wait = 0, take_copy = 0;  // take: waiting for the device; copying the outputs out
   } trace_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Slot*> free_slots_;
   std::unordered_set<const strata_resident*> residents_;
   std::unordered_set<const strata_group*> groups_;
+  std::map<uintptr_t, uint64_t> registered_;  // host_register: start -> bytes (under mu_)
   uint64_t resident_bytes_ = 0;
   std::atomic<uint64_t> workspace_bytes_{0};
 };

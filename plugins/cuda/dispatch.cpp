@@ -390,6 +390,12 @@ CudaBackend::~CudaBackend() {
                  device_, static_cast<unsigned long long>(trace_.calls), trace_.plan / n, trace_.slot / n,
                  trace_.stage / n, trace_.launch / n, trace_.finish / n);
   }
+  if (trace_.on && trace_.takes > 0) {
+    const double n = static_cast<double>(trace_.takes) / 1e6;
+    std::fprintf(stderr, "strata cuda device %d: %llu takes; host time per take: waiting %.1f us, outputs %.1f us\n",
+                 device_, static_cast<unsigned long long>(trace_.takes), trace_.take_wait / n,
+                 trace_.take_copy / n);
+  }
   (void)cudaSetDevice(device_);
   for (auto& s : slots_) {
     if (s->stream != nullptr) (void)cudaStreamSynchronize(s->stream);
@@ -705,6 +711,18 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   const int64_t hp = padded_cols(hidden);
   std::vector<uint64_t> in_off(chunks.size()), h_off(chunks.size()), h_bytes(chunks.size());
   std::vector<uint64_t> dn_op_off(chunks.size(), kNone);
+  // Chunks of one launch class with the same rows of x share one input operand (at decode every expert has
+  // the token's row): shares[i] is the chunk whose operand chunk i reads, prepared once.
+  std::vector<size_t> shares(chunks.size());
+  {
+    std::map<std::pair<ClassKey, std::vector<int32_t>>, size_t> first;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      const auto at = p.rows.begin() + static_cast<std::ptrdiff_t>(task_rows_at[static_cast<size_t>(c.task)] +
+                                                                   static_cast<uint64_t>(c.start));
+      shares[i] = first.emplace(std::make_pair(c.gu, std::vector<int32_t>(at, at + c.n)), i).first->second;
+    }
+  }
   int64_t max_prep = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
@@ -717,7 +735,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     h_bytes[i] = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, dn_nt[c.dn], fp)
                                    : static_cast<uint64_t>(c.n * h_ld) * 4;
-    in_off[i] = lay.take(in_bytes);
+    in_off[i] = shares[i] == i ? lay.take(in_bytes) : in_off[shares[i]];
     h_off[i] = lay.take(h_bytes[i]);
     if (dn_i8) {
       dn_op_off[i] = lay.take(tc_operand_bytes(kI8Splits, dn_nt[c.dn], fp));
@@ -728,12 +746,19 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
   uint64_t y_cursor = 0;
-  for (int32_t t = 0; t < n_tasks; ++t) {
-    if (tasks[t].n_rows <= 0) continue;
-    const uint64_t bytes = static_cast<uint64_t>(tasks[t].n_rows) * static_cast<uint64_t>(hidden) * 4;
-    y_task[static_cast<size_t>(t)] = y_cursor;
-    p.outs.push_back(strata_group::OutCopy{tasks[t].out, y_cursor, bytes});
-    y_cursor += bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // registered_
+    for (int32_t t = 0; t < n_tasks; ++t) {
+      if (tasks[t].n_rows <= 0) continue;
+      const uint64_t bytes = static_cast<uint64_t>(tasks[t].n_rows) * static_cast<uint64_t>(hidden) * 4;
+      y_task[static_cast<size_t>(t)] = y_cursor;
+      // In registered host memory: the device copies the rows there itself (finish).
+      const auto at = reinterpret_cast<uintptr_t>(tasks[t].out);
+      auto r = registered_.upper_bound(at);
+      const bool direct = r != registered_.begin() && (--r, at + bytes <= r->first + r->second);
+      p.outs.push_back(strata_group::OutCopy{tasks[t].out, y_cursor, bytes, direct});
+      y_cursor += bytes;
+    }
   }
   p.y_bytes = y_cursor;
   lay.take(p.y_bytes);
@@ -793,7 +818,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
-    j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
+    j.ncols = shares[i] != i ? 0 : c.gu.tc ? 8 * gu_nt[c.gu] : c.n;  // 0: the operand is another job's
     j.dst_off = in_off[i];
     j.zero_off = h_off[i];
     j.zero_bytes = static_cast<int64_t>(h_bytes[i]);
@@ -1142,7 +1167,28 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
 }
 
 void CudaBackend::finish(Slot& s, const Plan& p) {
-  if (p.y_bytes > 0) {
+  // Outputs in registered host memory straight there (one copy per run of outputs adjacent on both sides);
+  // the rest (matmul: everything) through the slot's pinned buffer, copied out at take.
+  bool staged = p.outs.empty();
+  for (size_t i = 0; i < p.outs.size();) {
+    const auto& o = p.outs[i];
+    if (!o.direct) {
+      staged = true;
+      ++i;
+      continue;
+    }
+    uint64_t bytes = o.bytes;
+    size_t j = i + 1;
+    for (; j < p.outs.size() && p.outs[j].direct && p.outs[j].offset == o.offset + bytes &&
+           reinterpret_cast<const char*>(p.outs[j].dst) == reinterpret_cast<const char*>(o.dst) + bytes;
+         ++j) {
+      bytes += p.outs[j].bytes;
+    }
+    STRATA_CK(cudaMemcpyAsync(o.dst, s.dev + p.y_off + o.offset, bytes, cudaMemcpyDeviceToHost, s.stream),
+              "copy of the outputs into registered memory");
+    i = j;
+  }
+  if (staged && p.y_bytes > 0) {
     STRATA_CK(cudaMemcpyAsync(s.out, s.dev + p.y_off, p.y_bytes, cudaMemcpyDeviceToHost, s.stream),
               "copy of the outputs");
   }
@@ -1218,15 +1264,26 @@ void CudaBackend::take(strata_group* group) {
   std::unique_ptr<strata_group> g(group);
   Slot* s = g->slot;
   const cudaError_t sd = cudaSetDevice(device_);
+  const auto t0 = std::chrono::steady_clock::now();
   cudaError_t e = sd;
   if (e == cudaSuccess) e = wait_done(s->done);
+  const auto t1 = std::chrono::steady_clock::now();
   if (e != cudaSuccess) {
     sync_quietly(*s);
     release_slot(s);
     throw_cuda(e, "expert group", device_);
   }
-  for (const auto& o : g->outs) std::memcpy(o.dst, s->out + o.offset, o.bytes);
+  for (const auto& o : g->outs) {
+    if (!o.direct) std::memcpy(o.dst, s->out + o.offset, o.bytes);
+  }
   release_slot(s);
+  if (trace_.on) {
+    const auto t2 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++trace_.takes;
+    trace_.take_wait += std::chrono::duration<double>(t1 - t0).count();
+    trace_.take_copy += std::chrono::duration<double>(t2 - t1).count();
+  }
 }
 
 void CudaBackend::discard(strata_group* group) noexcept {
@@ -1383,6 +1440,32 @@ void CudaBackend::free(strata_resident* r) {
   std::unique_ptr<strata_resident> own(r);
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   STRATA_CK(cudaFree(r->alloc), "cudaFree of a resident matrix");
+}
+
+void CudaBackend::host_register(void* p, uint64_t bytes) {
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto next = registered_.lower_bound(at);
+    const bool overlaps = (next != registered_.end() && next->first < at + bytes) ||
+                          (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second > at);
+    if (overlaps) invalid("host_register: the range overlaps one already registered");
+  }
+  STRATA_CK(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+  std::lock_guard<std::mutex> lock(mu_);
+  registered_[reinterpret_cast<uintptr_t>(p)] = bytes;
+}
+
+void CudaBackend::host_unregister(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (registered_.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
+      invalid("host_unregister: not the start of a registered range");
+    }
+  }
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  STRATA_CK(cudaHostUnregister(p), "cudaHostUnregister");
 }
 
 strata_memory_info CudaBackend::memory_info() {

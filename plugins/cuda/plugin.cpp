@@ -146,6 +146,23 @@ void cuda_discard(strata_backend* b, strata_group* g) {
   if (b != nullptr) as_cuda(b)->discard(g);
 }
 
+strata_status cuda_host_register(strata_backend* b, void* p, uint64_t bytes) {
+  return guarded([&] {
+    if (b == nullptr || p == nullptr || bytes == 0)
+      return fail(STRATA_ERR_INVALID_ARGUMENT, "host_register: NULL backend or memory, or 0 bytes");
+    as_cuda(b)->host_register(p, bytes);
+    return STRATA_OK;
+  });
+}
+
+strata_status cuda_host_unregister(strata_backend* b, void* p) {
+  return guarded([&] {
+    if (b == nullptr) return fail(STRATA_ERR_INVALID_ARGUMENT, "host_unregister: backend is NULL");
+    as_cuda(b)->host_unregister(p);
+    return STRATA_OK;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -173,6 +190,8 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
     v.expert_group_issue = &cuda_issue;
     v.expert_group_take = &cuda_take;
     v.expert_group_discard = &cuda_discard;
+    v.host_register = &cuda_host_register;
+    v.host_unregister = &cuda_host_unregister;
     return v;
   }();
   return &vtable;

@@ -811,8 +811,8 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
 
 // The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against the
 // separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats, odd
-// shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows; several
-// threads with layer kernels in flight at once on one device.
+// shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8 experts
+// of one row sharing their input operand; several threads with layer kernels in flight at once on one device.
 static void gpu_case_layer(const PluginRecord* rec) {
   auto layer = make_backend(*rec);
   auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
@@ -824,7 +824,10 @@ static void gpu_case_layer(const PluginRecord* rec) {
       CAPTURE(hidden);
       const std::vector<int> counts =
           hidden == 256 ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1} : std::vector<int>{1, 2, 0, 3};
-      const Group grp(rng, hidden, ffn, 5, counts, same_format(f, counts.size()));
+      Group grp(rng, hidden, ffn, 5, counts, same_format(f, counts.size()));
+      if (hidden == 256) {  // as at decode: every expert has the same row (one shared input operand)
+        for (auto& r : grp.rows) r.assign(r.size(), 3);
+      }
       const auto want = grp.run(*passes);
       const auto cpu = grp.run(*ref);
       for (bool resident : {false, true}) {
@@ -882,6 +885,59 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     gpu_case_layer(rec);
+  }
+}
+
+// Outputs in host memory registered with the backend are copied there by the device (no staging copy):
+// the same bits as unregistered outputs, for a group whose outputs lie partly inside and partly outside the
+// registered range; overlapping registrations are refused; after unregistering, the staged path again.
+static void gpu_case_registered(const PluginRecord* rec) {
+  auto cuda = make_backend(*rec);
+  std::mt19937 rng(99);
+  const Group grp(rng, 300, 70, 6, {1, 2, 1, 3, 1}, same_format(WeightFormat::Q4_G64, 5));
+  const auto want = grp.run(*cuda);
+  size_t total = 0;
+  for (const auto& r : grp.rows) total += r.size() * static_cast<size_t>(grp.hidden);
+  const size_t bytes = (total * sizeof(float) + 4095) / 4096 * 4096;
+  float* arena = static_cast<float*>(std::aligned_alloc(4096, bytes));
+  REQUIRE(arena != nullptr);
+  REQUIRE(cuda->register_host(arena, bytes));
+  CHECK_FALSE(cuda->register_host(arena + 16, 64));  // overlaps
+  // Experts 0, 1, 3 (adjacent: one copy for 0-1) write into the arena, 2 and 4 into ordinary vectors.
+  std::vector<std::vector<float>> plain(grp.experts.size());
+  std::vector<float*> outs(grp.experts.size());
+  size_t at = 0;
+  for (size_t e = 0; e < grp.experts.size(); ++e) {
+    const size_t n = grp.rows[e].size() * static_cast<size_t>(grp.hidden);
+    if (e == 2 || e == 4) {
+      plain[e].assign(n, NAN);
+      outs[e] = plain[e].data();
+    } else {
+      outs[e] = arena + at;
+      std::fill(outs[e], outs[e] + n, NAN);
+      at += n;
+    }
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    CAPTURE(rep);
+    std::vector<ExpertTask> tasks;
+    for (size_t e = 0; e < grp.experts.size(); ++e) tasks.push_back({&grp.experts[e], grp.rows[e], outs[e]});
+    PendingGroup g = cuda->issue(grp.x.data(), grp.n_x, grp.hidden, tasks);
+    g.take();
+    for (size_t e = 0; e < grp.experts.size(); ++e) {
+      CAPTURE(e);
+      CHECK(std::memcmp(outs[e], want[e].data(), want[e].size() * 4) == 0);
+      std::fill(outs[e], outs[e] + want[e].size(), NAN);
+    }
+    if (rep == 0) cuda->unregister_host(arena);  // the second round goes through the staging buffers
+  }
+  std::free(arena);
+}
+
+TEST_CASE("cuda outputs in registered host memory: written by the device, the same bits") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_registered(rec);
   }
 }
 

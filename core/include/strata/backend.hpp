@@ -122,6 +122,12 @@ class Backend {
   PendingGroup issue(const float* x, int64_t n_x_rows, int64_t hidden,
                      std::span<const ExpertTask> tasks) const;
 
+  // Host memory the device writes group outputs into directly (optional ABI slots host_register /
+  // host_unregister). false: not offered, or the backend refused (the outputs then go through its staging
+  // buffers, as for any other memory). Unregister before freeing, never with a group writing there in flight.
+  bool register_host(void* p, size_t bytes) const;
+  void unregister_host(void* p) const;
+
  private:
   friend class ResidentMatrix;
   friend class PendingGroup;

@@ -145,8 +145,16 @@ typedef struct strata_plugin_vtable {
   /* (optional) Waits for an issued group and writes every task's out. Consumes the handle, also on failure
    * (STRATA_ERR_DEVICE etc.: the outputs are then unspecified and the core may recompute them elsewhere). */
   strata_status (*expert_group_take)(strata_backend* backend, strata_group* group);
-  /* (optional) Waits for an issued group and releases it without writing any output (error paths). */
+  /* (optional) Waits for an issued group and releases it without writing any output (error paths; outputs in
+   * memory registered with host_register may have been written). */
   void (*expert_group_discard)(strata_backend* backend, strata_group* group);
+
+  /* (optional, appended) Host memory the device writes group outputs into directly: the rows of a task whose
+   * out lies inside a registered range are copied there by the device (no staging copy at take). ptr and
+   * bytes as registered stay registered until host_unregister(ptr), which the core calls before freeing the
+   * memory and never while a group writing there is in flight. STRATA_ERR_UNSUPPORTED: not offered here. */
+  strata_status (*host_register)(strata_backend* backend, void* ptr, uint64_t bytes);
+  strata_status (*host_unregister)(strata_backend* backend, void* ptr);
 } strata_plugin_vtable;
 
 /* The vtable size every plugin must have: through expert_group_discard (the revision of ABI 1 that also added

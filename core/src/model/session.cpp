@@ -5,6 +5,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -54,6 +55,43 @@ using Selection = std::vector<std::vector<int32_t>>;
 
 }  // namespace
 
+// A session's MoE output rows (routed experts, then the shared expert), kept across layers and registered
+// with the expert store's GPU tier, whose device then copies its rows here directly (no staging copy in the
+// take). Grows to the largest layer seen; page-aligned so registration pins nothing else.
+class MoeOutput {
+ public:
+  MoeOutput() = default;
+  MoeOutput(const MoeOutput&) = delete;
+  MoeOutput& operator=(const MoeOutput&) = delete;
+  ~MoeOutput() { release(); }
+
+  float* get(ExpertStore& store, size_t floats) {
+    if (floats <= floats_ && &store == store_) return data_;
+    const size_t want = std::max(floats, 2 * floats_);
+    release();
+    const size_t bytes = (want * sizeof(float) + 4095) / 4096 * 4096;
+    data_ = static_cast<float*>(std::aligned_alloc(4096, bytes));
+    if (data_ == nullptr) fail("model", "out of memory allocating {} bytes for MoE outputs", bytes);
+    floats_ = bytes / sizeof(float);
+    store_ = &store;
+    registered_ = store.register_output(data_, bytes);
+    return data_;
+  }
+
+ private:
+  void release() noexcept {
+    if (registered_) store_->unregister_output(data_);
+    std::free(data_);
+    data_ = nullptr;
+    floats_ = 0;
+    registered_ = false;
+  }
+  ExpertStore* store_ = nullptr;
+  float* data_ = nullptr;
+  size_t floats_ = 0;
+  bool registered_ = false;
+};
+
 struct Session::Impl {
   Impl(const Model& m, int threads)
       : model(m),
@@ -68,6 +106,7 @@ struct Session::Impl {
   ops::Rope rope;
   tbb::task_arena arena;
   std::vector<LayerCache> caches;
+  mutable MoeOutput moe_out;
   Session::IndexerMode indexer_mode = Session::IndexerMode::kNormal;
 
   const Backend& dense() const { return *model.backends().dense; }
@@ -399,29 +438,38 @@ struct Session::Impl {
     }
     std::vector<int64_t> base(static_cast<size_t>(E + 1), 0);
     for (int64_t e = 0; e < E; ++e) base[e + 1] = base[e] + static_cast<int64_t>(rows[e].size());
-    Vec buf(static_cast<size_t>(base[E] * H));
+    // The routed rows (every one written by its expert), then with the tiers the shared expert's on the GPU.
+    Vec local;
+    float* buf = nullptr;
     Vec shared;
+    const float* shared_rows = nullptr;
     auto run_shared = [&] {
-      if (m.has_shared) mlp_all_rows(dense(), m.shared, h, T, shared);
+      if (!m.has_shared) return;
+      mlp_all_rows(dense(), m.shared, h, T, shared);
+      shared_rows = shared.data();
     };
     if (ExpertStore* store = model.expert_store()) {
       // The tiers: GPU groups, CPU rows and disk reads at the same time, the shared expert alongside.
+      buf = moe_out.get(*store, static_cast<size_t>((base[E] + T) * H));
       std::vector<ExpertStore::Work> work;
       for (int64_t e = 0; e < E; ++e) {
         if (rows[e].empty()) continue;
-        work.push_back({static_cast<int32_t>(e), rows[e], buf.data() + base[e] * H});
+        work.push_back({static_cast<int32_t>(e), rows[e], buf + base[e] * H});
       }
       if (m.has_shared && store->shared_on_gpu(layer)) {
-        shared.assign(static_cast<size_t>(T * H), 0.0f);
-        store->run_layer(layer, h.data(), T, work, {}, shared.data());
+        float* gpu_shared = buf + base[E] * H;
+        store->run_layer(layer, h.data(), T, work, {}, gpu_shared);
+        shared_rows = gpu_shared;
       } else {
         store->run_layer(layer, h.data(), T, work, run_shared);
       }
     } else {
+      local.resize(static_cast<size_t>(base[E] * H));
+      buf = local.data();
       std::vector<ExpertTask> tasks;
       for (int64_t e = 0; e < E; ++e) {
         if (rows[e].empty()) continue;
-        tasks.push_back(ExpertTask{&m.experts[e], rows[e], buf.data() + base[e] * H});
+        tasks.push_back(ExpertTask{&m.experts[e], rows[e], buf + base[e] * H});
       }
       // All routed experts of a layer share one format; the first chosen backend that runs it takes the group.
       const Backend& b = model.backends().expert_backend_for(m.experts[0].gate.format);
@@ -439,12 +487,12 @@ struct Session::Impl {
       float* o = out.data() + t * H;
       for (int64_t k = 0; k < K; ++k) {
         const float w = rt.weight[t * K + k];
-        const float* y = buf.data() + slot_row[t * K + k] * H;
+        const float* y = buf + slot_row[t * K + k] * H;
         for (int64_t i = 0; i < H; ++i) o[i] += w * y[i];
       }
     });
-    if (m.has_shared) {
-      for (size_t i = 0; i < out.size(); ++i) out[i] += shared[i];
+    if (shared_rows != nullptr) {
+      for (size_t i = 0; i < out.size(); ++i) out[i] += shared_rows[i];
     }
   }
 

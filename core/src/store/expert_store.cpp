@@ -807,6 +807,16 @@ bool ExpertStore::shared_on_gpu(int64_t layer) const {
          s.shared_vram[static_cast<size_t>(layer)].gate.resident != nullptr;
 }
 
+bool ExpertStore::register_output(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->gpu != nullptr && impl_->gpu->register_host(p, bytes);
+}
+
+void ExpertStore::unregister_output(void* p) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->gpu != nullptr) impl_->gpu->unregister_host(p);
+}
+
 void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<const Work> work,
                             const std::function<void()>& alongside, float* shared_out) {
   Impl& s = *impl_;

@@ -533,6 +533,11 @@ cudaError_t cudaFreeHost(void* p) {
   std::free(p);
   return cudaSuccess;
 }
+// Registration pins nothing here (host memory is the device's); the emulated copies read and write it as is.
+cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
+  return p == nullptr || bytes == 0 ? fail(cudaErrorInvalidValue) : cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) { return p == nullptr ? fail(cudaErrorInvalidValue) : cudaSuccess; }
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
