@@ -90,6 +90,9 @@ struct Settings {
   // launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the three
   // launches (A/B).
   bool layer_kernel = true;
+  // host_register is offered: outputs in registered host memory are copied there by the device.
+  // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
+  bool host_register = true;
 };
 
 class CudaBackend {

@@ -374,6 +374,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
@@ -1443,6 +1444,7 @@ void CudaBackend::free(strata_resident* r) {
 }
 
 void CudaBackend::host_register(void* p, uint64_t bytes) {
+  if (!settings_.host_register) throw Failure(STRATA_ERR_UNSUPPORTED, "host_register: off (STRATA_CUDA_REGISTER=0)");
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   {
     std::lock_guard<std::mutex> lock(mu_);
