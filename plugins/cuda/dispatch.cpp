@@ -627,10 +627,10 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   for (int32_t t = 0; t < n_tasks; ++t) {
     const strata_expert_task& task = tasks[t];
     if (task.n_rows == 0) continue;
-    const std::string tn = "expert_group: task " + std::to_string(t);
+    auto tn = [t] { return "expert_group: task " + std::to_string(t); };  // made only for an error
     if (task.n_rows < 0 || task.expert == nullptr || task.rows == nullptr || task.out == nullptr ||
         x == nullptr) {
-      invalid(tn + " is malformed");
+      invalid(tn() + " is malformed");
     }
     const strata_expert& e = *task.expert;
     const MatRef gate = res.resolve(&e.gate, "expert_group gate");
@@ -638,15 +638,15 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const MatRef down = res.resolve(&e.down, "expert_group down");
     if (e.gate.cols != hidden || e.up.cols != hidden || e.up.rows != e.gate.rows || e.down.rows != hidden ||
         e.down.cols != e.gate.rows) {
-      invalid(tn + " has inconsistent gate/up/down shapes for hidden " + std::to_string(hidden));
+      invalid(tn() + " has inconsistent gate/up/down shapes for hidden " + std::to_string(hidden));
     }
     if (e.gate.dtype != e.up.dtype) {
-      throw Failure(STRATA_ERR_UNSUPPORTED, tn + ": gate (" + dtype_name(e.gate.dtype) + ") and up (" +
+      throw Failure(STRATA_ERR_UNSUPPORTED, tn() + ": gate (" + dtype_name(e.gate.dtype) + ") and up (" +
                                                 dtype_name(e.up.dtype) + ") of different formats");
     }
     for (int32_t r = 0; r < task.n_rows; ++r) {
       if (task.rows[r] < 0 || task.rows[r] >= n_x_rows) {
-        invalid(tn + " row index " + std::to_string(task.rows[r]) + " outside [0, " +
+        invalid(tn() + " row index " + std::to_string(task.rows[r]) + " outside [0, " +
                 std::to_string(n_x_rows) + ")");
       }
     }
@@ -712,18 +712,6 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   const int64_t hp = padded_cols(hidden);
   std::vector<uint64_t> in_off(chunks.size()), h_off(chunks.size()), h_bytes(chunks.size());
   std::vector<uint64_t> dn_op_off(chunks.size(), kNone);
-  // Chunks of one launch class with the same rows of x share one input operand (at decode every expert has
-  // the token's row): shares[i] is the chunk whose operand chunk i reads, prepared once.
-  std::vector<size_t> shares(chunks.size());
-  {
-    std::map<std::pair<ClassKey, std::vector<int32_t>>, size_t> first;
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const Chunk& c = chunks[i];
-      const auto at = p.rows.begin() + static_cast<std::ptrdiff_t>(task_rows_at[static_cast<size_t>(c.task)] +
-                                                                   static_cast<uint64_t>(c.start));
-      shares[i] = first.emplace(std::make_pair(c.gu, std::vector<int32_t>(at, at + c.n)), i).first->second;
-    }
-  }
   int64_t max_prep = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
@@ -736,7 +724,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     h_bytes[i] = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, dn_nt[c.dn], fp)
                                    : static_cast<uint64_t>(c.n * h_ld) * 4;
-    in_off[i] = shares[i] == i ? lay.take(in_bytes) : in_off[shares[i]];
+    in_off[i] = lay.take(in_bytes);
     h_off[i] = lay.take(h_bytes[i]);
     if (dn_i8) {
       dn_op_off[i] = lay.take(tc_operand_bytes(kI8Splits, dn_nt[c.dn], fp));
@@ -819,7 +807,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
-    j.ncols = shares[i] != i ? 0 : c.gu.tc ? 8 * gu_nt[c.gu] : c.n;  // 0: the operand is another job's
+    j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
     j.dst_off = in_off[i];
     j.zero_off = h_off[i];
     j.zero_bytes = static_cast<int64_t>(h_bytes[i]);
@@ -1444,7 +1432,9 @@ void CudaBackend::free(strata_resident* r) {
 }
 
 void CudaBackend::host_register(void* p, uint64_t bytes) {
-  if (!settings_.host_register) throw Failure(STRATA_ERR_UNSUPPORTED, "host_register: off (STRATA_CUDA_REGISTER=0)");
+  if (!settings_.host_register) {
+    throw Failure(STRATA_ERR_UNSUPPORTED, "host_register: off (STRATA_CUDA_REGISTER=0)");
+  }
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   {
     std::lock_guard<std::mutex> lock(mu_);

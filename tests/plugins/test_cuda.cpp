@@ -812,7 +812,7 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
 // The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against the
 // separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats, odd
 // shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8 experts
-// of one row sharing their input operand; several threads with layer kernels in flight at once on one device.
+// of the same row (as at decode); several threads with layer kernels in flight at once on one device.
 static void gpu_case_layer(const PluginRecord* rec) {
   auto layer = make_backend(*rec);
   auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
@@ -825,7 +825,7 @@ static void gpu_case_layer(const PluginRecord* rec) {
       const std::vector<int> counts =
           hidden == 256 ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1} : std::vector<int>{1, 2, 0, 3};
       Group grp(rng, hidden, ffn, 5, counts, same_format(f, counts.size()));
-      if (hidden == 256) {  // as at decode: every expert has the same row (one shared input operand)
+      if (hidden == 256) {  // as at decode: every expert has the same row
         for (auto& r : grp.rows) r.assign(r.size(), 3);
       }
       const auto want = grp.run(*passes);

@@ -82,8 +82,7 @@ struct PrepJob {
   int32_t row0, n_tok, cols, kp;  // kp: the operand's row length (gemv: gemv_ld of the matrix's kp)
   int32_t splits;  // kI8Splits: the exact tensor-core digit planes; 1: the W4A16 bf16 layout; 0: f32
                    // [n_tok][kp]; kGemvSplits: f32 [n_tok][kp] scaled for the gemv kernels
-  int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32); 0: none (another
-                   // job writes the operand this item shares)
+  int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
 // The layer kernel's work (tc_layer.cuh): an expert group's gate/up and down passes in one launch.
