@@ -168,6 +168,7 @@ class CudaBackend {
   std::unordered_set<const strata_resident*> residents_;
   std::unordered_set<const strata_group*> groups_;
   std::map<uintptr_t, uint64_t> registered_;  // host_register: start -> bytes (under mu_)
+  std::mutex register_mu_;                    // one host_register / host_unregister at a time
   uint64_t resident_bytes_ = 0;
   std::atomic<uint64_t> workspace_bytes_{0};
 };

@@ -267,7 +267,8 @@ struct Plan {
   std::vector<strata_group::OutCopy> outs;  // offsets relative to y_off
   int prep_blocks = 1;
   // The layer kernel instead of launches[0] (gate_up), the down operands' preparation and launches[1] (down):
-  // LayerWork's counters at sync_off (sync_bytes of zeros in the head).
+  // LayerWork's counters at sync_off (sync_bytes in the head, at an offset that does not depend on the token
+  // count; cleared on the device before each launch of the layer kernel).
   bool layer = false;
   uint64_t sync_off = 0, sync_bytes = 0;
 };
@@ -933,7 +934,6 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
   if (p.x_bytes > 0) std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
   if (!p.rows.empty()) std::memcpy(s.in + p.rows_off, p.rows.data(), p.rows.size() * sizeof(int32_t));
-  if (p.sync_bytes > 0) std::memset(s.in + p.sync_off, 0, p.sync_bytes);
   WorkItem* items = reinterpret_cast<WorkItem*>(s.in + p.items_off);
   for (size_t i = 0; i < p.items.size(); ++i) {
     const ItemSpec& is = p.items[i];
@@ -1012,6 +1012,7 @@ static std::string launch_signature(const Plan& p, bool pdl) {
   put(p.first_down_launch);
   put(p.layer);
   put(p.sync_off);
+  put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
   put(p.jobs.size());
   for (const LaunchSpec& l : p.launches) {
@@ -1100,6 +1101,9 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
                 "launch of prep_operands");
     }
   };
+  if (p.layer) {  // the layer kernel's counters start at zero in every launch (also when relaunched: bench)
+    STRATA_CK(cudaMemsetAsync(s.dev + p.sync_off, 0, p.sync_bytes, s.stream), "clearing the layer counters");
+  }
   prep(0, p.n_jobs_first);
   if (p.layer) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
@@ -1435,29 +1439,32 @@ void CudaBackend::host_register(void* p, uint64_t bytes) {
   if (!settings_.host_register) {
     throw Failure(STRATA_ERR_UNSUPPORTED, "host_register: off (STRATA_CUDA_REGISTER=0)");
   }
-  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
+  std::lock_guard<std::mutex> reg(register_mu_);  // the check, the registration and the map change as one
+  const auto at = reinterpret_cast<uintptr_t>(p);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto at = reinterpret_cast<uintptr_t>(p);
     auto next = registered_.lower_bound(at);
     const bool overlaps = (next != registered_.end() && next->first < at + bytes) ||
                           (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second > at);
     if (overlaps) invalid("host_register: the range overlaps one already registered");
   }
+  STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   STRATA_CK(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
   std::lock_guard<std::mutex> lock(mu_);
-  registered_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  registered_[at] = bytes;
 }
 
 void CudaBackend::host_unregister(void* p) {
+  std::lock_guard<std::mutex> reg(register_mu_);
+  const auto at = reinterpret_cast<uintptr_t>(p);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (registered_.erase(reinterpret_cast<uintptr_t>(p)) == 0) {
-      invalid("host_unregister: not the start of a registered range");
-    }
+    if (registered_.count(at) == 0) invalid("host_unregister: not the start of a registered range");
   }
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   STRATA_CK(cudaHostUnregister(p), "cudaHostUnregister");
+  std::lock_guard<std::mutex> lock(mu_);  // only once unpinned: a failure leaves it registered (and said)
+  registered_.erase(at);
 }
 
 strata_memory_info CudaBackend::memory_info() {

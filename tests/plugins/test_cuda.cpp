@@ -859,6 +859,30 @@ static void gpu_case_layer(const PluginRecord* rec) {
       }
     }
   }
+  // Experts of different widths in one group (the narrower one's last tiles are past its rows; 40 rows: a
+  // partial 64-row group), each expert with its own rows of one x.
+  {
+    const Group wide(rng, 320, 200, 5, {1, 2}, same_format(WeightFormat::Q4_G64, 2));
+    const Group narrow(rng, 320, 40, 5, {2, 1}, same_format(WeightFormat::Q4_G64, 2));
+    std::vector<const Group*> from = {&wide, &narrow, &wide, &narrow};
+    auto run = [&](const Backend& b) {
+      std::vector<std::vector<float>> out(4);
+      std::vector<ExpertTask> tasks;
+      for (size_t k = 0; k < 4; ++k) {
+        const Group& g = *from[k];
+        out[k].assign(g.rows[k / 2].size() * 320, NAN);
+        tasks.push_back({&g.experts[k / 2], g.rows[k / 2], out[k].data()});
+      }
+      b.expert_group(wide.x.data(), wide.n_x, 320, tasks);
+      return out;
+    };
+    const auto a = run(*passes), b = run(*layer), c = run(*ref);
+    for (size_t k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      CHECK(std::memcmp(a[k].data(), b[k].data(), a[k].size() * 4) == 0);
+      CHECK(rel_err(b[k].data(), c[k].data(), c[k].size()) <= kExactTol);
+    }
+  }
   // Layer kernels of several threads' groups in flight at once (each slot has its own stream).
   const Group grp(rng, 512, 256, 4, {1, 1, 2, 1, 1, 1}, same_format(WeightFormat::Q4_G64, 6));
   const auto want = grp.run(*passes);
@@ -931,6 +955,27 @@ static void gpu_case_registered(const PluginRecord* rec) {
     }
     if (rep == 0) cuda->unregister_host(arena);  // the second round goes through the staging buffers
   }
+  // Every output registered (no staged copy at all).
+  REQUIRE(cuda->register_host(arena, bytes));
+  {
+    std::vector<ExpertTask> tasks;
+    size_t off = 0;
+    for (size_t e = 0; e < grp.experts.size(); ++e) {
+      const size_t n = grp.rows[e].size() * static_cast<size_t>(grp.hidden);
+      std::fill(arena + off, arena + off + n, NAN);
+      tasks.push_back({&grp.experts[e], grp.rows[e], arena + off});
+      off += n;
+    }
+    PendingGroup g = cuda->issue(grp.x.data(), grp.n_x, grp.hidden, tasks);
+    g.take();
+    off = 0;
+    for (size_t e = 0; e < grp.experts.size(); ++e) {
+      CAPTURE(e);
+      CHECK(std::memcmp(arena + off, want[e].data(), want[e].size() * 4) == 0);
+      off += want[e].size();
+    }
+  }
+  cuda->unregister_host(arena);
   std::free(arena);
 }
 

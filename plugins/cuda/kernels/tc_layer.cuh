@@ -9,7 +9,7 @@
 //
 // No deadlock whatever the block scheduling: a block only ever waits for blocks with smaller tickets, which
 // have started (they took their ticket) and never wait themselves (a gate/up tile waits only for the previous
-// launch). The counters live in the group's head (zeroed by the host, copied with the work items).
+// launch). The counters live in the group's device buffer, cleared on the stream before each launch.
 #pragma once
 
 #include "encode_i8.cuh"
@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     if (!s_last) return;
     const PrepJob job = lw.dn_jobs[i];
     if (grp >= job.kp / kColPad) return;  // tiles past this item's rows (a narrower item than the widest)
-    __threadfence();                      // the group's other tiles' h, counted before this block's
+    grid_dep_wait();  // (a tile past the item's rows returned before waiting: h's padding is prep's)
+    __threadfence();  // the group's other tiles' h, counted before this block's
     for (int r = static_cast<int>(threadIdx.x >> 5); r < job.ncols / kI8Planes; r += kTcWarps) {
       encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
     }

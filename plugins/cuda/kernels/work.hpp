@@ -89,8 +89,9 @@ struct PrepJob {
 struct LayerWork {
   const WorkItem* items;   // n_items gate_up items, then their n_items down items in the same order
   const PrepJob* dn_jobs;  // n_items: each down operand's encoding from its gate_up item's f32 h
-  int32_t* sync;           // 1 + n_items (1 + ceil(gu_tiles / 4)) zeros: the ticket, per item its down
-                           // operand's groups encoded, per item and 64-row group of h its gate/up tiles done
+  int32_t* sync;           // 1 + n_items (1 + ceil(gu_tiles / 4)) counters, zero at launch: the ticket, per
+                           // item its down operand's groups encoded, per item and 64-row group of h its
+                           // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles (blocks) per gate_up item and per down item
 };
 
