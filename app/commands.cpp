@@ -107,6 +107,7 @@ nlohmann::json telemetry_json(const StoreTelemetry& t) {
             {"cpu_rows", t.cpu_rows_s},
             {"cpu_start", t.cpu_start_s},
             {"cpu_end", t.cpu_end_s},
+            {"gpu_issued", t.gpu_issued_s},
             {"gpu_done", t.gpu_done_s},
             {"disk_wait", t.disk_wait_s},
             {"gpu_take", t.take_s}}}};

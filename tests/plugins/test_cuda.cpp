@@ -1273,6 +1273,13 @@ static void gpu_case_store(const PluginRecord* rec) {
     const auto tel = on->expert_store()->telemetry();
     CHECK(tel.vram_hits > 0);
     CHECK(tel.ram_hits > 0);
+    // Where in the layers things happened (sums over layers): the GPU groups issued before they were taken,
+    // both within the layers' time; the CPU rows started before they ended.
+    CHECK(tel.gpu_issued_s > 0);
+    CHECK(tel.gpu_issued_s <= tel.gpu_done_s);
+    CHECK(tel.gpu_done_s <= tel.layer_s);
+    CHECK(tel.cpu_start_s <= tel.cpu_end_s);
+    CHECK(tel.cpu_end_s <= tel.layer_s);
     auto off = load(false);
     Session b(off);
     const auto lb = b.forward(ex.sequence, true);

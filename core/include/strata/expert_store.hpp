@@ -64,6 +64,9 @@ struct StoreTelemetry {
   // From the start of a layer to the end of its last CPU job (summed over layers with CPU rows), and to the
   // moment its GPU group was taken (summed over layers with a GPU group): what of a layer's time comes after.
   double cpu_end_s = 0, gpu_done_s = 0;
+  // From the start of a layer to the end of its GPU issue (summed over layers with a GPU group): when the
+  // group was queued on the device (late when the issue thread waited for a core).
+  double gpu_issued_s = 0;
   StoreTelemetry operator-(const StoreTelemetry& o) const;
 };
 

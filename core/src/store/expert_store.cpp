@@ -179,6 +179,7 @@ StoreTelemetry StoreTelemetry::operator-(const StoreTelemetry& o) const {
   d.cpu_start_s -= o.cpu_start_s;
   d.cpu_end_s -= o.cpu_end_s;
   d.gpu_done_s -= o.gpu_done_s;
+  d.gpu_issued_s -= o.gpu_issued_s;
   return d;
 }
 
@@ -959,7 +960,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   PendingGroup pending;
   bool gpu_failed = false;
   std::string gpu_error;
-  double issue_s = 0;
+  double issue_s = 0, issued_at = -1;  // the issue's duration; when it ended, from the layer's start
   bool issue_posted = false;  // the GPU issue runs on the store's issue thread
   auto cleanup = [&] {
     try {
@@ -1019,6 +1020,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       gpu_error = e.what();
     }
     issue_s = seconds_since(t0);
+    issued_at = seconds_since(t_layer);
   };
   // Waits for the issued group (its wait is counted as take time); a failure recomputes it on the CPU.
   auto take_gpu = [&] {
@@ -1178,6 +1180,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   }
   if (pending) take_gpu();
   if (gpu_done >= 0) s.tel.gpu_done_s += gpu_done;
+  if (issued_at >= 0) s.tel.gpu_issued_s += issued_at;  // (the issue thread's write: read after its wait)
   if (cpu_error) std::rethrow_exception(cpu_error);
   } catch (...) {
     cleanup();
