@@ -1114,7 +1114,8 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
-    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lw, on) : launch_layer_q4row_tc(gu.nt, lw, on);
+    const cudaError_t e =
+        gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lw, on) : launch_layer_q4row_tc(gu.nt, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
                      std::to_string(gu.n_items) + " experts)");
     return;
