@@ -909,6 +909,13 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     std::lock_guard<std::mutex> l(pin_mu);
     if (cpu_start < 0) cpu_start = std::chrono::duration<double>(t0 - t_layer).count();
   };
+  // A CPU job's end, wherever it ran: its time, the layer's last CPU moment, its slots unpinned.
+  auto job_done = [&](const Job& job, std::chrono::steady_clock::time_point t0) {
+    std::lock_guard<std::mutex> l(pin_mu);
+    cpu_s += seconds_since(t0);
+    cpu_end = std::max(cpu_end, seconds_since(t_layer));
+    for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+  };
   tbb::flow::graph g;
   tbb::flow::function_node<Job> cpu_rows(g, tbb::flow::unlimited, [&](const Job& job) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -919,10 +926,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       std::lock_guard<std::mutex> l(err_mu);
       if (!cpu_error) cpu_error = std::current_exception();
     }
-    std::lock_guard<std::mutex> l(pin_mu);
-    cpu_s += seconds_since(t0);
-    cpu_end = std::max(cpu_end, seconds_since(t_layer));
-    for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+    job_done(job, t0);
   });
   tbb::flow::function_node<int> side(g, 1, [&](int) {
     try {
@@ -932,14 +936,11 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       if (!cpu_error) cpu_error = std::current_exception();
     }
   });
-  auto run_here = [&](const Job& job) {  // on this thread (its exceptions propagate)
+  auto run_here = [&](const Job& job) {  // on this thread (its exceptions propagate; cleanup unpins)
     const auto t0 = std::chrono::steady_clock::now();
     note_start(t0);
     s.cpu->expert_group(x, T, H, job.tasks);
-    std::lock_guard<std::mutex> l(pin_mu);
-    cpu_s += seconds_since(t0);
-    cpu_end = std::max(cpu_end, seconds_since(t_layer));
-    for (int32_t sl : job.slots) --s.slots[static_cast<size_t>(sl)].pins;
+    job_done(job, t0);
   };
   // A CPU job goes to the graph only with overlap and disk reads in this layer (this thread then submits and
   // lands the reads, which add jobs as they land); otherwise this thread computes it: as a graph task the
