@@ -2,12 +2,16 @@
 //   1. the copy bandwidth of the device (the ceiling, read + write) and the 4.8 TB/s datasheet figure;
 //   2. GLM-5.2 routed-expert layer at decode: 8 experts of gate/up 2048x6144 + down 6144x2048, Q4_G64 (and
 //      Q4_ROW), 1-8 rows per expert, GB/s of weights read (cold: rotating over layers 10x the L2), for the
-//      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default) and
-//      SIMT;
+//      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default)
+//      and SIMT;
 //   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
 //   4. the exact paths (gemv, exact int8 tensor cores) vs W4A16 at 1..512 rows per expert: TFLOP/s,
 //      and where W4A16 (and the tensor cores) start to pay (the crossovers);
-//   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead).
+//   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead);
+//   6. (also with --decode, alone with --latency) a GLM-5.2 layer issued and taken as the engine does at
+//   decode:
+//      wall time from the issue to the take's return, back to back and after the device sat idle (the host
+//      computing attention), with the take's polling as set and with a 50 us poll before sleeping.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -17,8 +21,10 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "cuda_backend.hpp"
+#include "kernels/work.hpp"  // launch_hold
 
 using strata_cuda::CudaBackend;
 
@@ -188,7 +194,11 @@ int main(int argc, char** argv) {
   bool decode_only = false;
   app.add_flag("--smoke", smoke,
                "tiny shapes, one round: checks that the program runs (e.g. on the CPU emulation)");
-  app.add_flag("--decode", decode_only, "only the decode suites (GLM-5.2 layer, projection shape at n = 1, 4)");
+  app.add_flag(
+      "--decode", decode_only,
+      "only the decode suites (GLM-5.2 layer, projection shape at n = 1, 4, issue -> take wall time)");
+  bool latency_only = false;
+  app.add_flag("--latency", latency_only, "only the GLM-5.2 layer's issue -> take wall time (suite 6)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
@@ -217,7 +227,7 @@ int main(int argc, char** argv) {
     const int64_t H = smoke ? 256 : 6144, F = smoke ? 128 : 2048;
     const int layers = smoke ? 2 : 8;  // 8 x 151 MB: the L2 holds a small part of it
     for (int32_t dtype : {STRATA_DTYPE_Q4_G64, STRATA_DTYPE_Q4_ROW}) {
-      if (quick && dtype == STRATA_DTYPE_Q4_ROW) continue;
+      if (latency_only || (quick && dtype == STRATA_DTYPE_Q4_ROW)) continue;
       // The same weights in both resident layouts: 16-row tiles (the default, the tensor cores' load order)
       // and rows in order (what the gemv and SIMT kernels read best).
       Pool pool, pool_rows;
@@ -255,7 +265,8 @@ int main(int argc, char** argv) {
         b.settings().pdl = v.pdl;
         b.settings().layer_kernel = v.layer;
         for (int rows : {1, 2, 3, 4, 8}) {
-          if (rows > v.max_rows || (quick && (v.simt || v.max_rows == 2))) continue;  // A/B rows: full runs only
+          if (rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
+            continue;  // A/B rows: full runs only
           std::vector<float> x(static_cast<size_t>(rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
           for (auto& v : x) v = nd(rng);
@@ -273,8 +284,8 @@ int main(int argc, char** argv) {
           const double qms = time_groups(b, gs, x, rows, H, rounds, 100);
           const double gbs = 8 * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
           const double qgbs = 8 * pool.bytes_per_expert / (qms * 1e-3) / 1e9;
-          fmt::print("{:<30} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name, rows,
-                     ms * 1e3, gbs, 100 * gbs / peak, copy > 0 ? 100 * gbs / copy : 0.0, qms * 1e3,
+          fmt::print("{:<30} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name,
+                     rows, ms * 1e3, gbs, 100 * gbs / peak, copy > 0 ? 100 * gbs / copy : 0.0, qms * 1e3,
                      100 * qgbs / peak);
         }
       }
@@ -285,7 +296,7 @@ int main(int argc, char** argv) {
     }
 
     // ---- 3. projection shape: 128 experts of 768 x 2048, top-8 of n tokens ----
-    {
+    if (!latency_only) {
       const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;
       const int n_exp = smoke ? 16 : 128;
       Pool pool;
@@ -345,7 +356,77 @@ int main(int argc, char** argv) {
       b.settings().w4a16_min_rows = 0;
       b.settings().gemv_max_rows = -1;
     }
-    if (decode_only) return 0;
+    // ---- 6. a GLM-5.2 layer (1 row per expert, resident, cold), issued and taken as the engine does ----
+    {
+      const int64_t iters = smoke ? 6 : 60;
+      Pool pool;
+      make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8 * layers, H, F, 7000);
+      std::vector<float> x(static_cast<size_t>(H), 0.25f);
+      std::vector<Group> gs(static_cast<size_t>(layers));
+      for (int l = 0; l < layers; ++l) {
+        for (int e = 0; e < 8; ++e) {
+          gs[static_cast<size_t>(l)].expert.push_back(l * 8 + e);
+          gs[static_cast<size_t>(l)].rows.push_back({0});
+        }
+        gs[static_cast<size_t>(l)].finalize(pool, H);
+      }
+      const double kernel_us = time_groups(b, gs, x, 1, H, smoke ? 1 : 3) * 1e3;
+      fmt::print(
+          "\nGLM-5.2 layer (8 experts, Q4_G64, 1 row, resident, cold) issued and taken: wall us from the "
+          "issue "
+          "to the take's return, median (p90) of {}; kernels alone {:.1f} us\n",
+          iters, kernel_us);
+      // Scenarios: how long the device sat idle before the issue (the host computing attention), and whether
+      // a one-thread kernel spun on another stream during the last part of it (does a busy device keep its
+      // clocks?).
+      struct Scenario {
+        const char* name;
+        int idle_us, warm_us;
+      };
+      const Scenario scenarios[] = {{"back to back", 0, 0},
+                                    {"after 1 ms idle", 1000, 0},
+                                    {"after 10 ms idle", 10000, 0},
+                                    {"10 ms idle, last 1 ms a 1-thread kernel", 10000, 1000},
+                                    {"10 ms idle, last 5 ms a 1-thread kernel", 10000, 5000}};
+      const int spin_as_set = b.settings().spin_us;
+      fmt::print("{:<42} {:>22} {:>22}\n", "device before the issue",
+                 fmt::format("take polls {} us", spin_as_set), "take polls 50 us");
+      cudaStream_t warm = nullptr;
+      if (cudaStreamCreateWithFlags(&warm, cudaStreamNonBlocking) != cudaSuccess) warm = nullptr;
+      for (const Scenario& sc : scenarios) {
+        std::string cells;
+        for (int spin : {spin_as_set, 50}) {
+          b.settings().spin_us = spin;
+          std::vector<double> t;
+          for (int64_t i = 0; i <= iters; ++i) {
+            if (sc.idle_us > sc.warm_us) {
+              std::this_thread::sleep_for(std::chrono::microseconds(sc.idle_us - sc.warm_us));
+            }
+            if (sc.warm_us > 0 && warm != nullptr) {
+              (void)strata_cuda::launch_hold(sc.warm_us, warm);
+              std::this_thread::sleep_for(std::chrono::microseconds(sc.warm_us));
+            }
+            Group& g = gs[static_cast<size_t>(i % layers)];
+            const auto a = std::chrono::steady_clock::now();
+            b.take(b.issue(x.data(), 1, H, static_cast<int32_t>(g.tasks.size()), g.tasks.data()));
+            if (i > 0) {
+              t.push_back(
+                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+            }
+          }
+          std::sort(t.begin(), t.end());
+          cells +=
+              fmt::format(" {:>22}", fmt::format("{:.1f} ({:.1f})", t[t.size() / 2], t[t.size() * 9 / 10]));
+        }
+        fmt::print("{:<42}{}\n", sc.name, cells);
+      }
+      if (warm != nullptr) {
+        (void)cudaStreamSynchronize(warm);
+        (void)cudaStreamDestroy(warm);
+      }
+      b.settings().spin_us = spin_as_set;
+    }
+    if (decode_only || latency_only) return 0;
 
     // ---- 4. exact vs W4A16 at 1..512 rows per expert, GLM-5.2 layer (one layer, warm after the first pass)
     // ----
@@ -354,7 +435,8 @@ int main(int argc, char** argv) {
       make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8, H, F, 9000);
       const double floor_ms = 8 * pool.bytes_per_expert / (peak * 1e9) * 1e3;
       fmt::print(
-          "\nexact (gemv, tensor cores) vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; memory "
+          "\nexact (gemv, tensor cores) vs W4A16, GLM-5.2 layer (8 experts, Q4_G64), R rows per expert; "
+          "memory "
           "floor {:.1f} us\n",
           floor_ms * 1e3);
       fmt::print("{:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8}\n", "R", "gemv us", "TFLOP/s", "tc us",
@@ -387,12 +469,14 @@ int main(int argc, char** argv) {
         if (crossover == 0 && ms_w4 < 0.95 * ms_exact) crossover = R;
         if (tc_crossover == 0 && ms_tc < 0.95 * ms_exact) tc_crossover = R;
         auto tf = [&](double ms) { return flop / (ms * 1e-3) / 1e12; };
-        fmt::print("{:>5} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>7.2f}x\n", R, ms_exact * 1e3,
-                   tf(ms_exact), ms_tc * 1e3, tf(ms_tc), ms_w4 * 1e3, tf(ms_w4), ms_exact / ms_w4);
+        fmt::print("{:>5} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>7.2f}x\n", R,
+                   ms_exact * 1e3, tf(ms_exact), ms_tc * 1e3, tf(ms_tc), ms_w4 * 1e3, tf(ms_w4),
+                   ms_exact / ms_w4);
       }
       if (crossover > 0) {
         fmt::print(
-            "W4A16 is >5% faster than the exact gemv path from {} rows per expert (STRATA_CUDA_W4A16_MIN_ROWS)\n",
+            "W4A16 is >5% faster than the exact gemv path from {} rows per expert "
+            "(STRATA_CUDA_W4A16_MIN_ROWS)\n",
             crossover);
       } else {
         fmt::print("W4A16 is never >5% faster here\n");
@@ -400,7 +484,8 @@ int main(int argc, char** argv) {
       if (tc_crossover > 0) {
         fmt::print(
             "the exact tensor-core path is >5% faster than gemv from {} rows per expert "
-            "(STRATA_CUDA_GEMV_MAX_ROWS={} would use it there, at the cost of prefill == decode bit for bit)\n",
+            "(STRATA_CUDA_GEMV_MAX_ROWS={} would use it there, at the cost of prefill == decode bit for "
+            "bit)\n",
             tc_crossover, tc_crossover - 1);
       } else {
         fmt::print("the exact tensor-core path is never >5% faster than gemv here\n");

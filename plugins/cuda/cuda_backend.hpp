@@ -55,6 +55,7 @@ struct strata_group {
     bool direct;  // dst is in registered host memory: the device copies there itself (host_register)
   };
   std::vector<OutCopy> outs;
+  int trace_kind = 0;  // STRATA_CUDA_TRACE's bucket: 0 one token, 1 more
 };
 
 namespace strata_cuda {
@@ -93,6 +94,9 @@ struct Settings {
   // host_register is offered: outputs in registered host memory are copied there by the device.
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;
+  // A take (or matmul) polls its done event for up to this long before it sleeps until the device's
+  // interrupt (dispatch.cpp, wait_done). STRATA_CUDA_SPIN_US=N.
+  int spin_us = 2000;
 };
 
 class CudaBackend {
@@ -145,7 +149,6 @@ class CudaBackend {
   bool launch_graph(Slot& s, const Plan& p);
   void finish(Slot& s, const Plan& p);  // outputs to pinned memory, done event
   void sync_quietly(Slot& s) noexcept;
-  const strata_resident* own_resident(const strata_resident* r);
   Plan plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
                   const strata_expert_task* tasks);
   Plan plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows);
@@ -156,12 +159,16 @@ class CudaBackend {
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly
   // STRATA_CUDA_TRACE=1: host seconds of issue()'s and take()'s phases, summed and printed (means) when the
   // backend closes.
+  // STRATA_CUDA_TRACE: host time per phase of an issue and a take, and the groups' device spans, kept apart
+  // for one-token groups (decode) and the rest (prefill); printed when the backend goes.
   struct IssueTrace {
-    bool on = false;
     uint64_t calls = 0, takes = 0;
     double plan = 0, slot = 0, stage = 0, launch = 0, finish = 0;
     double take_wait = 0, take_copy = 0;  // take: waiting for the device; copying the outputs out
-  } trace_;
+    double device = 0;                    // the groups' spans on the device (first copy to done event)
+  };
+  bool trace_on_ = false;
+  IssueTrace trace_[2];  // [0]: groups of one token, [1]: more
   std::mutex mu_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Slot*> free_slots_;

@@ -52,11 +52,14 @@ void drop_graphs(Slot& s) {
   s.graphs.clear();
 }
 
-// Waits for a slot's done event: polls for up to 50 µs (a lone waiter sees a short group within a query's time;
-// sched_yield offers the core to any CPU rows meanwhile), then sleeps in cudaEventSynchronize (a BlockingSync
-// event: woken by the device's interrupt) so a longer wait does not take a core from the CPU rows.
-cudaError_t wait_done(cudaEvent_t done) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+// Waits for a slot's done event: polls (sched_yield between queries offers the core to any runnable thread)
+// for up to spin_us, then sleeps in cudaEventSynchronize (a BlockingSync event: woken by the device's
+// interrupt). The engine takes a group on the layer's thread after its CPU rows, when nothing else is left to
+// run, so polling costs no work, while the interrupt's wake-up cost ~100 µs per layer on the H200 (run29:
+// serial GPU issue + take 0.45 -> 0.57-0.70 ms per token with a 50 µs poll); the sleep only bounds a long
+// wait (a prefill group) to one core's worth of polling. Settings::spin_us.
+cudaError_t wait_done(cudaEvent_t done, int spin_us) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
   cudaError_t e;
   while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
     if (std::chrono::steady_clock::now() >= until) {
@@ -137,7 +140,9 @@ uint64_t device_data_bytes(int32_t dtype, int64_t rows, int64_t cols) {
   return static_cast<uint64_t>(rows) * static_cast<uint64_t>(device_row_bytes(dtype, cols));
 }
 // The kTiles layout of a resident int4 matrix (work.hpp): rows of a multiple of 64 bytes, 16-row tiles.
-int64_t tiles_row_bytes(int64_t cols) { return (device_row_bytes(kQ4G64, cols) + 63) / 64 * 64; }
+int64_t tiles_row_bytes(int64_t cols) {
+  return (device_row_bytes(kQ4G64, cols) + 63) / 64 * 64;
+}
 uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
   return static_cast<uint64_t>((rows + 15) / 16 * 16) * static_cast<uint64_t>(tiles_row_bytes(cols));
 }
@@ -150,7 +155,8 @@ std::vector<uint8_t> to_tiles(const uint8_t* src, int64_t rows, int64_t raw, int
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(row.data(), src + r * raw, static_cast<size_t>(raw));  // the tail of `row` stays zero
     uint8_t* tile_row = out.data() + (r >> 4) * 16 * rb + ((r >> 3) & 1) * 512 + (r & 7) * 64;
-    for (int64_t c = 0; c < rb / 16; ++c) std::memcpy(tile_row + (c >> 2) * 1024 + (c & 3) * 16, &row[c * 16], 16);
+    for (int64_t c = 0; c < rb / 16; ++c)
+      std::memcpy(tile_row + (c >> 2) * 1024 + (c & 3) * 16, &row[c * 16], 16);
   }
   return out;
 }
@@ -184,7 +190,7 @@ int chunk_capacity(int splits) {
 // n-tiles needed for n tokens, rounded to an instantiated count.
 int nt_for(int splits, int n) {
   if (splits == kI8Splits) return (kI8Planes * n + 7) / 8;  // 1..4 for n <= 8
-  const int need = (n + 7) / 8;             // W4A16: 1, 2, 4
+  const int need = (n + 7) / 8;                             // W4A16: 1, 2, 4
   return need <= 1 ? 1 : need <= 2 ? 2 : 4;
 }
 
@@ -339,7 +345,7 @@ std::string cuda_unavailable_reason() {
 
 CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* t = std::getenv("STRATA_CUDA_TRACE"); t != nullptr && *t != '\0' && std::string(t) != "0") {
-    trace_.on = true;
+    trace_on_ = true;
   }
   int count = 0;
   STRATA_CK(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
@@ -376,6 +382,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_SPIN_US")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end != v && *end == '\0' && n >= 0 && n <= 10'000'000) settings_.spin_us = static_cast<int>(n);
+  }
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
@@ -384,19 +395,27 @@ CudaBackend::CudaBackend(int device) : device_(device) {
 }
 
 CudaBackend::~CudaBackend() {
-  if (trace_.on && trace_.calls > 0) {
-    const double n = static_cast<double>(trace_.calls) / 1e6;
-    std::fprintf(stderr,
-                 "strata cuda device %d: %llu expert groups issued; host time per issue: plan %.1f us, slot "
-                 "%.1f us, staging %.1f us, launches %.1f us, output copy + event %.1f us\n",
-                 device_, static_cast<unsigned long long>(trace_.calls), trace_.plan / n, trace_.slot / n,
-                 trace_.stage / n, trace_.launch / n, trace_.finish / n);
-  }
-  if (trace_.on && trace_.takes > 0) {
-    const double n = static_cast<double>(trace_.takes) / 1e6;
-    std::fprintf(stderr, "strata cuda device %d: %llu takes; host time per take: waiting %.1f us, outputs %.1f us\n",
-                 device_, static_cast<unsigned long long>(trace_.takes), trace_.take_wait / n,
-                 trace_.take_copy / n);
+  for (int k = 0; k < 2 && trace_on_; ++k) {
+    const IssueTrace& t = trace_[k];
+    const char* kind = k == 0 ? "one-token" : "longer";
+    if (t.calls > 0) {
+      const double n = static_cast<double>(t.calls) / 1e6;
+      std::fprintf(
+          stderr,
+          "strata cuda device %d: %llu %s expert groups issued; host time per issue: plan %.1f us, slot "
+          "%.1f us, staging %.1f us, launches %.1f us, output copy + event %.1f us\n",
+          device_, static_cast<unsigned long long>(t.calls), kind, t.plan / n, t.slot / n, t.stage / n,
+          t.launch / n, t.finish / n);
+    }
+    if (t.takes > 0) {
+      const double n = static_cast<double>(t.takes) / 1e6;
+      std::fprintf(
+          stderr,
+          "strata cuda device %d: %llu %s takes; host time per take: waiting %.1f us, outputs %.1f us; "
+          "device span per group (first copy to done) %.1f us\n",
+          device_, static_cast<unsigned long long>(t.takes), kind, t.take_wait / n, t.take_copy / n,
+          t.device / n);
+    }
   }
   (void)cudaSetDevice(device_);
   for (auto& s : slots_) {
@@ -429,9 +448,9 @@ Slot* CudaBackend::acquire_slot() {
   }
   auto s = std::make_unique<Slot>();
   cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
-  // BlockingSync: a waiter that outlasts wait_done's spin sleeps until the device's interrupt instead of
-  // spinning on a core the CPU rows need.
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming | cudaEventBlockingSync);
+  // BlockingSync: a waiter that outlasts wait_done's polling sleeps until the device's interrupt.
+  if (e == cudaSuccess)
+    e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming | cudaEventBlockingSync);
   if (e != cudaSuccess) {
     if (s->stream != nullptr) (void)cudaStreamDestroy(s->stream);
     throw_cuda(e, "stream creation", device_);
@@ -502,33 +521,28 @@ void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
   pinned(s.out, s.out_bytes, p.y_bytes, "output");
 }
 
-const strata_resident* CudaBackend::own_resident(const strata_resident* r) {
-  if (r == nullptr) return nullptr;
-  std::lock_guard<std::mutex> lock(mu_);
-  return residents_.count(r) != 0 ? r : nullptr;
-}
-
 // ---- planning
 // ----------------------------------------------------------------------------------------------
 
 namespace {
 
 // Checks a matrix of a call and finds its device copy (resident) or schedules a staged copy of the host data.
+// The caller holds the backend's lock over `residents` while it resolves.
 class MatrixResolver {
  public:
-  MatrixResolver(std::vector<Upload>* uploads,
-                 std::function<const strata_resident*(const strata_resident*)> own)
-      : uploads_(uploads), own_(std::move(own)) {}
+  MatrixResolver(std::vector<Upload>* uploads, const std::unordered_set<const strata_resident*>* residents)
+      : uploads_(uploads), residents_(residents) {}
 
-  MatRef resolve(const strata_matrix* m, const std::string& what) {
-    if (m == nullptr || m->rows <= 0 || m->cols <= 0) invalid(what + ": empty or NULL matrix");
+  MatRef resolve(const strata_matrix* m, const char* what_text) {
+    auto what = [what_text] { return std::string(what_text); };  // made only for an error
+    if (m == nullptr || m->rows <= 0 || m->cols <= 0) invalid(what() + ": empty or NULL matrix");
     if (!CudaBackend::supports(m->dtype)) {
       throw Failure(STRATA_ERR_UNSUPPORTED,
-                    what + ": weight format " + dtype_name(m->dtype) +
+                    what() + ": weight format " + dtype_name(m->dtype) +
                         " is not supported by this backend (F32/BF16/F16/Q4_ROW/Q4_G64 are)");
     }
     if (m->rows > kMaxDim || m->cols > kMaxDim) {
-      throw Failure(STRATA_ERR_UNSUPPORTED, what + ": " + std::to_string(m->rows) + " x " +
+      throw Failure(STRATA_ERR_UNSUPPORTED, what() + ": " + std::to_string(m->rows) + " x " +
                                                 std::to_string(m->cols) +
                                                 " is larger than this backend handles (2^30 per side)");
     }
@@ -538,9 +552,10 @@ class MatrixResolver {
     r.dm.kp = static_cast<int32_t>(padded_cols(m->cols));
     r.dm.dtype = m->dtype;
     r.dm.stride = device_row_bytes(m->dtype, m->cols);
-    if (const strata_resident* res = own_(m->resident)) {
+    if (m->resident != nullptr && residents_->count(m->resident) != 0) {
+      const strata_resident* res = m->resident;
       if (res->m.dtype != m->dtype || res->m.rows != m->rows || res->m.cols != m->cols) {
-        invalid(what + ": the resident copy is a " + dtype_name(res->m.dtype) + " " +
+        invalid(what() + ": the resident copy is a " + dtype_name(res->m.dtype) + " " +
                 std::to_string(res->m.rows) + " x " + std::to_string(res->m.cols) +
                 " matrix, the matrix says " + dtype_name(m->dtype) + " " + std::to_string(m->rows) + " x " +
                 std::to_string(m->cols));
@@ -549,10 +564,10 @@ class MatrixResolver {
       return r;
     }
     if (m->data == nullptr) {
-      invalid(what + (m->resident != nullptr ? ": resident on another backend and no host data"
-                                             : ": empty or NULL matrix"));
+      invalid(what() + (m->resident != nullptr ? ": resident on another backend and no host data"
+                                               : ": empty or NULL matrix"));
     }
-    if (is_q4(m->dtype) && m->scales == nullptr) invalid(what + ": int4 matrix without scales");
+    if (is_q4(m->dtype) && m->scales == nullptr) invalid(what() + ": int4 matrix without scales");
     const auto key = std::make_tuple(m->data, m->scales, m->dtype, m->rows, m->cols);
     auto it = staged_.find(key);
     if (it == staged_.end()) {
@@ -565,7 +580,7 @@ class MatrixResolver {
 
  private:
   std::vector<Upload>* uploads_;
-  std::function<const strata_resident*(const strata_resident*)> own_;
+  const std::unordered_set<const strata_resident*>* residents_;
   std::map<std::tuple<const void*, const float*, int32_t, int64_t, int64_t>, int64_t> staged_;
 };
 
@@ -594,6 +609,21 @@ struct ClassKey {
   }
 };
 
+// A group's launch classes (one or two at decode) and their n-tile counts, in key order: a sorted vector.
+struct ClassCounts {
+  std::vector<std::pair<ClassKey, int>> v;
+  int& operator[](const ClassKey& k) {
+    auto it = std::lower_bound(v.begin(), v.end(), k,
+                               [](const auto& e, const ClassKey& key) { return e.first < key; });
+    if (it == v.end() || !(it->first == k)) it = v.insert(it, {k, 0});
+    return it->second;
+  }
+  auto begin() { return v.begin(); }
+  auto end() { return v.end(); }
+  auto begin() const { return v.begin(); }
+  auto end() const { return v.end(); }
+};
+
 int grid_for(bool tc, int splits, bool gate_up, int rows) {
   const int per_block = tc                      ? kTcRowsPerBlock * (gate_up ? 1 : 2)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
@@ -614,7 +644,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   if (n_tasks < 0 || (n_tasks > 0 && tasks == nullptr)) invalid("expert_group: bad task list");
   if (n_x_rows < 0) invalid("expert_group: n_x_rows < 0");
   Plan p;
-  MatrixResolver res(&p.uploads, [this](const strata_resident* r) { return own_resident(r); });
+  MatrixResolver res(&p.uploads, &residents_);
+  std::unique_lock<std::mutex> resolving(mu_);  // residents_, while the tasks' matrices are resolved
 
   // Validate every task (as the CPU backends do) and cut the routed rows into chunks.
   struct Chunk {
@@ -671,10 +702,11 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
                              ClassKey{dn_tc, e.down.dtype, s_h, s_h == kGemvSplits ? n : 0}});
     }
   }
+  resolving.unlock();
   if (!any_rows) return p;  // nothing to compute; the group completes at once
 
   // Launch classes and their n-tile counts (gemv: the token count).
-  std::map<ClassKey, int> gu_nt, dn_nt;
+  ClassCounts gu_nt, dn_nt;
   for (const Chunk& c : chunks) {
     if (c.gu.tc)
       gu_nt[c.gu] = std::max(gu_nt[c.gu], nt_for(c.gu.splits, c.n));
@@ -696,8 +728,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   Layout lay;
   p.x = x;
   p.x_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(hidden) * 4;
-  // Items and jobs first: the kernels' arguments point at them, and at offsets that do not depend on the token
-  // count a captured graph serves every call with the same launches (launch_signature).
+  // Items and jobs first: the kernels' arguments point at them, and at offsets that do not depend on the
+  // token count a captured graph serves every call with the same launches (launch_signature).
   p.items_off = lay.take(2 * chunks.size() * sizeof(WorkItem));
   p.jobs_off = lay.take(2 * chunks.size() * sizeof(PrepJob));
   int64_t widest = 0;  // gate rows: the layer kernel counts gate/up tiles per 64-row group of h
@@ -719,8 +751,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     const int64_t fp = padded_cols(c.gate.dm.rows);
     const int64_t in_cols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
     const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
-    const uint64_t in_bytes = c.gu.tc ? tc_operand_bytes(c.gu.splits, gu_nt[c.gu], hp)
-                                      : static_cast<uint64_t>(in_cols * in_ld) * 4;
+    const uint64_t in_bytes =
+        c.gu.tc ? tc_operand_bytes(c.gu.splits, gu_nt[c.gu], hp) : static_cast<uint64_t>(in_cols * in_ld) * 4;
     const bool dn_i8 = c.dn.tc && c.dn.splits == kI8Splits;
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     h_bytes[i] = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, dn_nt[c.dn], fp)
@@ -731,7 +763,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
       dn_op_off[i] = lay.take(tc_operand_bytes(kI8Splits, dn_nt[c.dn], fp));
       max_prep = std::max(max_prep, prep_threads(kI8Splits, 8 * dn_nt[c.dn], fp));
     }
-    max_prep = std::max({max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(h_bytes[i] / 16)});
+    max_prep = std::max(
+        {max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(h_bytes[i] / 16)});
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
@@ -844,8 +877,10 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
 
 Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows) {
   Plan p;
-  MatrixResolver res(&p.uploads, [this](const strata_resident* r) { return own_resident(r); });
+  MatrixResolver res(&p.uploads, &residents_);
+  std::unique_lock<std::mutex> resolving(mu_);
   const MatRef m = res.resolve(&w, "matmul");
+  resolving.unlock();
   if (n_x_rows < 0 || (n_x_rows > 0 && x == nullptr)) invalid("matmul: bad activations");
   if (n_x_rows == 0) {
     p.uploads.clear();
@@ -1096,9 +1131,9 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
     for (size_t first = from; first < to; first += kMaxGridY) {
       const int n = static_cast<int>(std::min<size_t>(kMaxGridY, to - first));
-      STRATA_CK(launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8,
-                            on),
-                "launch of prep_operands");
+      STRATA_CK(
+          launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8, on),
+          "launch of prep_operands");
     }
   };
   if (p.layer) {  // the layer kernel's counters start at zero in every launch (also when relaunched: bench)
@@ -1196,23 +1231,30 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
   using TraceClock = std::chrono::steady_clock;
   TraceClock::time_point t0;
   IssueTrace tr;  // this call's laps, added to trace_ under mu_ at the end (several threads may issue)
+  const bool trace = trace_on_;
   auto lap = [&](double& into) {
-    if (!trace_.on) return;
+    if (!trace) return;
     const auto now = TraceClock::now();
     into += std::chrono::duration<double>(now - t0).count();
     t0 = now;
   };
-  if (trace_.on) t0 = TraceClock::now();
+  if (trace) t0 = TraceClock::now();
   Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
   auto g = std::make_unique<strata_group>();
   g->magic = kGroupMagic;
   g->owner = this;
   g->outs = p.outs;
+  g->trace_kind = n_x_rows > 1 ? 1 : 0;
   lap(tr.plan);
   Slot* s = acquire_slot();
   g->slot = s;
   try {
     ensure_capacity(*s, p);
+    if (trace) {  // the device's span of the group: from its first copy to its done event
+      if (s->t0 == nullptr) STRATA_CK(cudaEventCreate(&s->t0), "cudaEventCreate");
+      if (s->t1 == nullptr) STRATA_CK(cudaEventCreate(&s->t1), "cudaEventCreate");
+      STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");
+    }
     lap(tr.slot);
     stage(*s, p);
     lap(tr.stage);
@@ -1229,6 +1271,7 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
     launch(*s, p);
     lap(tr.launch);
     finish(*s, p);
+    if (trace) STRATA_CK(cudaEventRecord(s->t1, s->stream), "cudaEventRecord");
     lap(tr.finish);
   } catch (...) {
     sync_quietly(*s);
@@ -1236,13 +1279,14 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
     throw;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (trace_.on) {
-    ++trace_.calls;
-    trace_.plan += tr.plan;
-    trace_.slot += tr.slot;
-    trace_.stage += tr.stage;
-    trace_.launch += tr.launch;
-    trace_.finish += tr.finish;
+  if (trace) {
+    IssueTrace& t = trace_[g->trace_kind];
+    ++t.calls;
+    t.plan += tr.plan;
+    t.slot += tr.slot;
+    t.stage += tr.stage;
+    t.launch += tr.launch;
+    t.finish += tr.finish;
   }
   groups_.insert(g.get());
   return g.release();
@@ -1260,23 +1304,31 @@ void CudaBackend::take(strata_group* group) {
   const cudaError_t sd = cudaSetDevice(device_);
   const auto t0 = std::chrono::steady_clock::now();
   cudaError_t e = sd;
-  if (e == cudaSuccess) e = wait_done(s->done);
+  if (e == cudaSuccess) e = wait_done(s->done, settings_.spin_us);
   const auto t1 = std::chrono::steady_clock::now();
   if (e != cudaSuccess) {
     sync_quietly(*s);
     release_slot(s);
     throw_cuda(e, "expert group", device_);
   }
+  float device_ms = 0;
+  if (trace_on_ && s->t1 != nullptr) {
+    (void)cudaEventSynchronize(s->t1);
+    if (cudaEventElapsedTime(&device_ms, s->t0, s->t1) != cudaSuccess) device_ms = 0;
+    (void)cudaGetLastError();
+  }
   for (const auto& o : g->outs) {
     if (!o.direct) std::memcpy(o.dst, s->out + o.offset, o.bytes);
   }
   release_slot(s);
-  if (trace_.on) {
+  if (trace_on_) {
     const auto t2 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu_);
-    ++trace_.takes;
-    trace_.take_wait += std::chrono::duration<double>(t1 - t0).count();
-    trace_.take_copy += std::chrono::duration<double>(t2 - t1).count();
+    IssueTrace& t = trace_[g->trace_kind];
+    ++t.takes;
+    t.device += device_ms * 1e-3;
+    t.take_wait += std::chrono::duration<double>(t1 - t0).count();
+    t.take_copy += std::chrono::duration<double>(t2 - t1).count();
   }
 }
 
@@ -1307,7 +1359,7 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
     stage(*s, p);
     launch(*s, p);
     finish(*s, p);
-    STRATA_CK(wait_done(s->done), "matmul");
+    STRATA_CK(wait_done(s->done, settings_.spin_us), "matmul");
   } catch (...) {
     sync_quietly(*s);
     release_slot(s);
@@ -1318,8 +1370,8 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
 }
 
 std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
-                                                  int32_t n_tasks, const strata_expert_task* tasks,
-                                                  int iters, int hold_us) {
+                                                  int32_t n_tasks, const strata_expert_task* tasks, int iters,
+                                                  int hold_us) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
   Slot* s = acquire_slot();
@@ -1445,8 +1497,9 @@ void CudaBackend::host_register(void* p, uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto next = registered_.lower_bound(at);
-    const bool overlaps = (next != registered_.end() && next->first < at + bytes) ||
-                          (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second > at);
+    const bool overlaps =
+        (next != registered_.end() && next->first < at + bytes) ||
+        (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second > at);
     if (overlaps) invalid("host_register: the range overlaps one already registered");
   }
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
