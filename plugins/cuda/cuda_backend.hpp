@@ -52,7 +52,7 @@ struct strata_group {
     float* dst;
     uint64_t offset;  // in the slot's pinned output buffer (the same offset as in the device's y region)
     uint64_t bytes;
-    bool direct;  // dst is in registered host memory: the device copies there itself (host_register)
+    bool direct;  // dst is in registered host memory: the device puts the rows there itself (host_register)
   };
   std::vector<OutCopy> outs;
   int trace_kind = 0;  // STRATA_CUDA_TRACE's bucket: 0 one token, 1 more
@@ -97,6 +97,10 @@ struct Settings {
   // A take (or matmul) polls its done event for up to this long before it sleeps until the device's
   // interrupt (dispatch.cpp, wait_done). STRATA_CUDA_SPIN_US=N.
   int spin_us = 2000;
+  // Outputs in registered host memory are written there by the down kernels themselves (through the range's
+  // device address: stores over the bus as the rows are done), instead of a copy after the group.
+  // STRATA_CUDA_DIRECT_WRITES=0: copied after the group (A/B).
+  bool direct_writes = true;
 };
 
 class CudaBackend {
@@ -174,8 +178,12 @@ class CudaBackend {
   std::vector<Slot*> free_slots_;
   std::unordered_set<const strata_resident*> residents_;
   std::unordered_set<const strata_group*> groups_;
-  std::map<uintptr_t, uint64_t> registered_;  // host_register: start -> bytes (under mu_)
-  std::mutex register_mu_;                    // one host_register / host_unregister at a time
+  struct Registered {
+    uint64_t bytes;
+    char* dev;  // the device's address of the range's start (cudaHostGetDevicePointer)
+  };
+  std::map<uintptr_t, Registered> registered_;  // host_register: start -> range (under mu_)
+  std::mutex register_mu_;                      // one host_register / host_unregister at a time
   uint64_t resident_bytes_ = 0;
   std::atomic<uint64_t> workspace_bytes_{0};
 };

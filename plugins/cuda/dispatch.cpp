@@ -235,6 +235,7 @@ struct ItemSpec {
   uint64_t in_off;
   int in_splits, n_tok;
   uint64_t y_off = kNone;
+  float* y_ptr = nullptr;  // instead of y_off: rows in registered host memory (their device address)
   int64_t y_ld = 0;
   uint64_t h_off = kNone;
   int h_splits = 0, h_kp = 0;
@@ -271,6 +272,7 @@ struct Plan {
   std::vector<Upload> uploads;
   std::vector<LaunchSpec> launches;
   std::vector<strata_group::OutCopy> outs;  // offsets relative to y_off
+  std::vector<bool> written;                // per out: the down kernels write it in place (direct_writes)
   int prep_blocks = 1;
   // The layer kernel instead of launches[0] (gate_up), the down operands' preparation and launches[1] (down):
   // LayerWork's counters at sync_off (sync_bytes in the head, at an offset that does not depend on the token
@@ -382,6 +384,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
+    settings_.direct_writes = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_SPIN_US")) {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
@@ -768,6 +772,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
+  std::vector<float*> y_dev(static_cast<size_t>(n_tasks),
+                            nullptr);  // direct writes: the rows' device address
   uint64_t y_cursor = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);  // registered_
@@ -775,11 +781,16 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
       if (tasks[t].n_rows <= 0) continue;
       const uint64_t bytes = static_cast<uint64_t>(tasks[t].n_rows) * static_cast<uint64_t>(hidden) * 4;
       y_task[static_cast<size_t>(t)] = y_cursor;
-      // In registered host memory: the device copies the rows there itself (finish).
+      // In registered host memory: the down kernels write the rows there (direct_writes), or the device
+      // copies them there after the group (finish).
       const auto at = reinterpret_cast<uintptr_t>(tasks[t].out);
       auto r = registered_.upper_bound(at);
-      const bool direct = r != registered_.begin() && (--r, at + bytes <= r->first + r->second);
+      const bool direct = r != registered_.begin() && (--r, at + bytes <= r->first + r->second.bytes);
+      if (direct && settings_.direct_writes) {
+        y_dev[static_cast<size_t>(t)] = reinterpret_cast<float*>(r->second.dev + (at - r->first));
+      }
       p.outs.push_back(strata_group::OutCopy{tasks[t].out, y_cursor, bytes, direct});
+      p.written.push_back(y_dev[static_cast<size_t>(t)] != nullptr);
       y_cursor += bytes;
     }
   }
@@ -817,6 +828,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
           it.in_splits = c.dn.splits;
           it.y_off = p.y_off + y_task[static_cast<size_t>(c.task)] +
                      static_cast<uint64_t>(c.start) * static_cast<uint64_t>(hidden) * 4;
+          if (float* d = y_dev[static_cast<size_t>(c.task)])
+            it.y_ptr = d + static_cast<int64_t>(c.start) * hidden;
           it.y_ld = hidden;
           max_rows = std::max(max_rows, c.down.dm.rows);
         }
@@ -976,7 +989,9 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
     w.w0 = patch(is.w0, p.uploads, base);
     w.w1 = patch(is.w1, p.uploads, base);
     w.in = base + is.in_off;
-    w.y = is.y_off != kNone ? reinterpret_cast<float*>(base + is.y_off) : nullptr;
+    w.y = is.y_ptr != nullptr ? is.y_ptr
+          : is.y_off != kNone ? reinterpret_cast<float*>(base + is.y_off)
+                              : nullptr;
     w.y_ld = is.y_ld;
     w.h = is.h_off != kNone ? base + is.h_off : nullptr;
     w.h_splits = is.h_splits;
@@ -1198,17 +1213,18 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
 void CudaBackend::finish(Slot& s, const Plan& p) {
   // Outputs in registered host memory straight there (one copy per run of outputs adjacent on both sides);
   // the rest (matmul: everything) through the slot's pinned buffer, copied out at take.
+  // Outputs the down kernels wrote there themselves need nothing.
   bool staged = p.outs.empty();
   for (size_t i = 0; i < p.outs.size();) {
     const auto& o = p.outs[i];
-    if (!o.direct) {
-      staged = true;
+    if (!o.direct || p.written[i]) {
+      staged = staged || !o.direct;
       ++i;
       continue;
     }
     uint64_t bytes = o.bytes;
     size_t j = i + 1;
-    for (; j < p.outs.size() && p.outs[j].direct && p.outs[j].offset == o.offset + bytes &&
+    for (; j < p.outs.size() && p.outs[j].direct && !p.written[j] && p.outs[j].offset == o.offset + bytes &&
            reinterpret_cast<const char*>(p.outs[j].dst) == reinterpret_cast<const char*>(o.dst) + bytes;
          ++j) {
       bytes += p.outs[j].bytes;
@@ -1499,13 +1515,18 @@ void CudaBackend::host_register(void* p, uint64_t bytes) {
     auto next = registered_.lower_bound(at);
     const bool overlaps =
         (next != registered_.end() && next->first < at + bytes) ||
-        (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second > at);
+        (next != registered_.begin() && std::prev(next)->first + std::prev(next)->second.bytes > at);
     if (overlaps) invalid("host_register: the range overlaps one already registered");
   }
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
-  STRATA_CK(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+  STRATA_CK(cudaHostRegister(p, bytes, cudaHostRegisterMapped), "cudaHostRegister");
+  void* dev = nullptr;
+  if (const cudaError_t e = cudaHostGetDevicePointer(&dev, p, 0); e != cudaSuccess) {
+    (void)cudaHostUnregister(p);
+    throw_cuda(e, "cudaHostGetDevicePointer of registered memory", device_);
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  registered_[at] = bytes;
+  registered_[at] = Registered{bytes, static_cast<char*>(dev)};
 }
 
 void CudaBackend::host_unregister(void* p) {

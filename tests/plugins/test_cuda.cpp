@@ -915,10 +915,10 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
 // Outputs in host memory registered with the backend are copied there by the device (no staging copy):
 // the same bits as unregistered outputs, for a group whose outputs lie partly inside and partly outside the
 // registered range; overlapping registrations are refused; after unregistering, the staged path again.
-static void gpu_case_registered(const PluginRecord* rec) {
+static void gpu_case_registered(const PluginRecord* rec, WeightFormat format) {
   auto cuda = make_backend(*rec);
   std::mt19937 rng(99);
-  const Group grp(rng, 300, 70, 6, {1, 2, 1, 3, 1}, same_format(WeightFormat::Q4_G64, 5));
+  const Group grp(rng, 300, 70, 6, {1, 2, 1, 3, 1}, same_format(format, 5));
   const auto want = grp.run(*cuda);
   size_t total = 0;
   for (const auto& r : grp.rows) total += r.size() * static_cast<size_t>(grp.hidden);
@@ -980,10 +980,16 @@ static void gpu_case_registered(const PluginRecord* rec) {
 }
 
 TEST_CASE("cuda outputs in registered host memory: written by the device, the same bits") {
-  for (const PluginRecord* rec : cuda_backends()) {
-    CAPTURE(rec->name);
-    gpu_case_registered(rec);
+  // The down kernels' stores straight into the registered rows (the default), and copies after the group.
+  for (const char* direct_writes : {"1", "0"}) {
+    CAPTURE(direct_writes);
+    setenv("STRATA_CUDA_DIRECT_WRITES", direct_writes, 1);
+    for (const PluginRecord* rec : cuda_backends()) {
+      CAPTURE(rec->name);
+      for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::BF16}) gpu_case_registered(rec, f);
+    }
   }
+  unsetenv("STRATA_CUDA_DIRECT_WRITES");
 }
 
 static void gpu_case_7(const PluginRecord* rec) {

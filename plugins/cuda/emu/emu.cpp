@@ -6,8 +6,9 @@
 // Kernels: a warp is 32 fibers on one OS thread (a small x86-64 context switch below); each runs until its
 // next warp-collective instruction, and when all 32 wait at the same one it is carried out from every lane's
 // operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). The warps of a block run together: a warp
-// whose lanes reach __syncthreads waits until every warp of the block that has not exited is there. Device memory is host memory; a fake capacity
-// (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable; STRATA_CUDA_EMU_DEVICES devices (2).
+// whose lanes reach __syncthreads waits until every warp of the block that has not exited is there. Device
+// memory is host memory; a fake capacity (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable;
+// STRATA_CUDA_EMU_DEVICES devices (2).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -202,14 +203,16 @@ std::vector<std::unique_ptr<char[]>>& stack_pool() {
 // Sets up warp w's 32 fibers on stacks [32 w_index, 32 w_index + 32) of the pool.
 void start_warp(Warp& w, int w_index) {
   auto& pool = stack_pool();
-  while (pool.size() < static_cast<size_t>(32 * (w_index + 1))) pool.push_back(std::make_unique<char[]>(kStack));
+  while (pool.size() < static_cast<size_t>(32 * (w_index + 1)))
+    pool.push_back(std::make_unique<char[]>(kStack));
   for (int l = 0; l < 32; ++l) {
     Fiber& f = w.fibers[l];
     f.done = false;
     f.warp = &w;
     // A fresh frame for strata_emu_switch to "return" into the trampoline, with r12 = the fiber.
     const uintptr_t top =
-        (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(32 * w_index + l)].get()) + kStack) & ~uintptr_t{15};
+        (reinterpret_cast<uintptr_t>(pool[static_cast<size_t>(32 * w_index + l)].get()) + kStack) &
+        ~uintptr_t{15};
     uint64_t* sp = reinterpret_cast<uint64_t*>(top - 88);
     std::memset(sp, 0, 88);
     const uint32_t mxcsr = 0x1f80;
@@ -361,8 +364,8 @@ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32
   for (int i = 0; i < 4; ++i) d[i] = tls_warp->d[tls_lane][i];
 }
 
-void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                  int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                  uint32_t b1, int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
   if (tls_warp == nullptr) die("mma outside a warp");
   Warp& w = *tls_warp;
   const int l = tls_lane;
@@ -537,7 +540,16 @@ cudaError_t cudaFreeHost(void* p) {
 cudaError_t cudaHostRegister(void* p, size_t bytes, unsigned int) {
   return p == nullptr || bytes == 0 ? fail(cudaErrorInvalidValue) : cudaSuccess;
 }
-cudaError_t cudaHostUnregister(void* p) { return p == nullptr ? fail(cudaErrorInvalidValue) : cudaSuccess; }
+cudaError_t cudaHostUnregister(void* p) {
+  return p == nullptr ? fail(cudaErrorInvalidValue) : cudaSuccess;
+}
+// The device's address of registered host memory: the host's own here (as with the real driver on most UVA
+// systems).
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int) {
+  if (dev == nullptr || host == nullptr) return fail(cudaErrorInvalidValue);
+  *dev = host;
+  return cudaSuccess;
+}
 cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
   Runtime& r = rt();
   std::lock_guard<std::mutex> lock(r.mu);
