@@ -629,7 +629,7 @@ struct ClassCounts {
 };
 
 int grid_for(bool tc, int splits, bool gate_up, int rows) {
-  const int per_block = tc                      ? kTcRowsPerBlock * (gate_up ? 1 : 2)
+  const int per_block = tc                      ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
                                                 : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
   return (rows + per_block - 1) / per_block;

@@ -27,14 +27,16 @@
 // There is no shape constraint: rows past the matrix are computed from a clamped row and never stored; columns
 // are padded to 64 with zero activations.
 //
-// Split K: a block's 4 warps are 2 parts of 2 K slices each: gate/up, one 16-row tile, warps 0-1 take the gate
-// and 2-3 the up matrix; linear, two 16-row tiles (32 rows), warps 0-1 the first, 2-3 the second (4 slices of
-// one tile left the down pass's warps 2 batches each, mostly pipeline start: ncu run8 had it at 39 % of DRAM
-// against gate/up's 54 %). A slice is a whole number of load batches (KS slices of n groups: slice w is
-// [w L, (w + 1) L) with L = U * ceil(n / (KS U))); each is summed as above, then a part's slices are added in
-// order (s0 + s1) through shared memory. One matrix per warp keeps the registers low (a warp with both gate and
-// up matrices took 192 registers: 8 warps per SM). The split depends only on the matrix shape, never on the
-// token count, so a token's value is the same in any chunk (prefill == decode).
+// Split K: a block's 4 warps split the work by parts and K slices. gate/up: one 16-row tile, warps 0-1 the gate
+// and 2-3 the up matrix, each the half of K (one matrix per warp keeps the registers low: a warp with both
+// gate and up took 192 registers, 8 warps per SM). linear: kTcLinearTiles = 4 16-row tiles (64 rows), one warp
+// each over the whole K: a GLM-5.2 down warp (K = 2048) runs 8 load batches instead of 4 with two tiles in 2
+// slices, less of it pipeline start (run32: the decode layer 57.2 -> 56.5 us queued at 1 row, 79.6 -> 77.3 at
+// 3-4 rows, the projection shape at n = 4 45.3 -> 42.6; before, 4 slices of one tile had the down pass at 39 %
+// of DRAM against gate/up's 54 %, ncu run8). A slice is a whole number of load batches (KS slices of n groups:
+// slice w is [w L, (w + 1) L) with L = U * ceil(n / (KS U))); each is summed as above, then a part's slices are
+// added in order (s0 + s1) through shared memory. The split depends only on the matrix shape and kind, never
+// on the token count, so a token's value is the same in any chunk (prefill == decode).
 #pragma once
 
 #include "device_util.cuh"
@@ -85,10 +87,11 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
   constexpr bool kI8 = S == kI8Splits;
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  // The block's 4 warps: 2 parts x KS = 2 K slices. gate/up: one 16-row tile, part = matrix (gate, up);
-  // linear: two 16-row tiles, part = tile.
-  constexpr int KS = 2;
-  static_assert(kTcWarps == 2 * KS, "2 parts of KS warps");
+  // The block's 4 warps: kParts parts x KS K slices. gate/up: one 16-row tile, part = matrix (gate, up), 2
+  // slices; linear: kTcLinearTiles 16-row tiles, part = tile.
+  constexpr int kParts = GATE_UP ? 2 : kTcLinearTiles;
+  constexpr int KS = kTcWarps / kParts;
+  static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
   constexpr int U = 4;                 // 64-column groups per load batch
   constexpr bool kGrouped = FMT == kQ4G64;
 
@@ -96,7 +99,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   const int part = warp / KS;
-  const int m0 = bx * (GATE_UP ? kTcRowsPerBlock : 2 * kTcRowsPerBlock);
+  const int m0 = bx * (GATE_UP ? kTcRowsPerBlock : kParts * kTcRowsPerBlock);
   if (m0 >= rows_out) return;  // the whole block (m0 depends on the block only)
   const DevMatrix& mat = GATE_UP && part == 1 ? it.w1 : it.w0;  // this warp's matrix
   const int tb = GATE_UP ? m0 : m0 + 16 * part;                  // and tile
@@ -438,9 +441,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     return v;
   };
   const int n_tok = it.n_tok;
-  constexpr int kRows = GATE_UP ? 16 : 32;  // output rows of the block
+  constexpr int kRows = GATE_UP ? 16 : 16 * kParts;  // output rows of the block
   for (int idx = static_cast<int>(threadIdx.x); idx < kRows * n_tok; idx += kTcWarps * 32) {
-    const int i = idx & 15, tile = GATE_UP ? 0 : (idx >> 4) & 1, r = idx / kRows;
+    const int i = idx & 15, tile = GATE_UP ? 0 : (idx >> 4) & (kParts - 1), r = idx / kRows;
     const int o = m0 + 16 * tile + i;
     if (o >= rows_out) continue;
     // int8: the token's digit planes, most significant first: ((2^24 t3 + 2^16 t2) + 2^8 t1) + t0.

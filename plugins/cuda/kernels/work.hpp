@@ -95,10 +95,11 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles (blocks) per gate_up item and per down item
 };
 
-// Tensor-core kernels: a block is one 16-row tile (gate/up) or two (linear), its 4 warps split the work
-// (tc_q4.cuh).
+// Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
+// kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile) (tc_q4.cuh).
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
+constexpr int kTcLinearTiles = 4;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
 constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
