@@ -55,9 +55,9 @@ void drop_graphs(Slot& s) {
 // Waits for a slot's done event: polls (sched_yield between queries offers the core to any runnable thread)
 // for up to spin_us, then sleeps in cudaEventSynchronize (a BlockingSync event: woken by the device's
 // interrupt). The engine takes a group on the layer's thread after its CPU rows, when nothing else is left to
-// run, so polling costs no work, while the interrupt's wake-up cost ~100 µs per layer on the H200 (run29:
-// serial GPU issue + take 0.45 -> 0.57-0.70 ms per token with a 50 µs poll); the sleep only bounds a long
-// wait (a prefill group) to one core's worth of polling. Settings::spin_us.
+// run, so polling costs no work, while the interrupt's wake-up cost 20-40 µs per take on the H200 (run30/32:
+// a GLM-5.2 layer's issue -> take 96.8 µs polling, 118.7 with a 50 µs poll; serial GPU issue + take per token
+// 0.44 vs 0.58 ms); the sleep only bounds a long wait (a prefill group). Settings::spin_us.
 cudaError_t wait_done(cudaEvent_t done, int spin_us) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
   cudaError_t e;
