@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 #include <tbb/flow_graph.h>
-#include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <array>
@@ -14,7 +13,6 @@
 #include <numeric>
 #include <chrono>
 #include <cstdlib>
-#include <string_view>
 #include <cstring>
 #include <condition_variable>
 #include <exception>
@@ -258,15 +256,6 @@ struct ExpertStore::Impl {
   bool save_warned = false;
   bool gpu_warned = false;
   std::unique_ptr<IssueThread> issuer;  // made at the first overlapped layer with both GPU and CPU work
-  // The CPU rows beside a GPU issue on the issue thread run in an arena of one thread fewer than the caller's,
-  // so the issue thread has a core (made for the caller's concurrency, at least 4). STRATA_STORE_SPARE_CORE=0:
-  // the rows on every thread (A/B).
-  std::unique_ptr<tbb::task_arena> rows_arena;
-  int rows_arena_for = 0;
-  bool spare_core = [] {
-    const char* v = std::getenv("STRATA_STORE_SPARE_CORE");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
   // Router look-ahead prefetch: reads of the next layer's likely experts, in flight between run_layer calls.
   struct Prefetch {
     int64_t key = 0;
@@ -947,20 +936,10 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       if (!cpu_error) cpu_error = std::current_exception();
     }
   });
-  bool issue_posted = false;  // the GPU issue runs on the store's issue thread (set below)
   auto run_here = [&](const Job& job) {  // on this thread (its exceptions propagate; cleanup unpins)
     const auto t0 = std::chrono::steady_clock::now();
     note_start(t0);
-    const int conc = tbb::this_task_arena::max_concurrency();
-    if (issue_posted && s.spare_core && conc >= 4) {
-      if (!s.rows_arena || s.rows_arena_for != conc) {
-        s.rows_arena = std::make_unique<tbb::task_arena>(conc - 1);
-        s.rows_arena_for = conc;
-      }
-      s.rows_arena->execute([&] { s.cpu->expert_group(x, T, H, job.tasks); });
-    } else {
-      s.cpu->expert_group(x, T, H, job.tasks);
-    }
+    s.cpu->expert_group(x, T, H, job.tasks);
     job_done(job, t0);
   };
   // A CPU job goes to the graph only with overlap and disk reads in this layer (this thread then submits and
@@ -983,6 +962,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   bool gpu_failed = false;
   std::string gpu_error;
   double issue_s = 0, issued_at = -1;  // the issue's duration; when it ended, from the layer's start
+  bool issue_posted = false;  // the GPU issue runs on the store's issue thread
   auto cleanup = [&] {
     try {
       while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
