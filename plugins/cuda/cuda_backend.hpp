@@ -169,7 +169,7 @@ class CudaBackend {
     uint64_t calls = 0, takes = 0;
     double plan = 0, slot = 0, stage = 0, launch = 0, finish = 0;
     double take_wait = 0, take_copy = 0;  // take: waiting for the device; copying the outputs out
-    double device = 0;                    // the groups' spans on the device (first copy to done event)
+    double device = 0;                    // the groups' spans on their streams (staging copy to done event)
   };
   bool trace_on_ = false;
   IssueTrace trace_[2];  // [0]: groups of one token, [1]: more

@@ -416,7 +416,7 @@ CudaBackend::~CudaBackend() {
       std::fprintf(
           stderr,
           "strata cuda device %d: %llu %s takes; host time per take: waiting %.1f us, outputs %.1f us; "
-          "device span per group (first copy to done) %.1f us\n",
+          "span on the stream per group (staging copy to done) %.1f us\n",
           device_, static_cast<unsigned long long>(t.takes), kind, t.take_wait / n, t.take_copy / n,
           t.device / n);
     }
@@ -1266,7 +1266,9 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
   g->slot = s;
   try {
     ensure_capacity(*s, p);
-    if (trace) {  // the device's span of the group: from its first copy to its done event
+    // Trace: the group's span on its stream, from the staging copy (the host's staging and launches included
+    // when the stream was idle) to its done event.
+    if (trace) {
       if (s->t0 == nullptr) STRATA_CK(cudaEventCreate(&s->t0), "cudaEventCreate");
       if (s->t1 == nullptr) STRATA_CK(cudaEventCreate(&s->t1), "cudaEventCreate");
       STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");
@@ -1414,7 +1416,9 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     release_slot(s);
     throw;
   }
-  for (const auto& o : p.outs) std::memcpy(o.dst, s->out + o.offset, o.bytes);
+  for (const auto& o : p.outs) {
+    if (!o.direct) std::memcpy(o.dst, s->out + o.offset, o.bytes);  // (direct: the device wrote them there)
+  }
   release_slot(s);
   return ms;
 }

@@ -915,8 +915,8 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
 // Outputs in host memory registered with the backend are copied there by the device (no staging copy):
 // the same bits as unregistered outputs, for a group whose outputs lie partly inside and partly outside the
 // registered range; overlapping registrations are refused; after unregistering, the staged path again.
-static void gpu_case_registered(const PluginRecord* rec, WeightFormat format) {
-  auto cuda = make_backend(*rec);
+static void gpu_case_registered(const PluginRecord* rec, WeightFormat format, const char* direct_writes) {
+  auto cuda = make_cuda_with_env(*rec, "STRATA_CUDA_DIRECT_WRITES", direct_writes);
   std::mt19937 rng(99);
   const Group grp(rng, 300, 70, 6, {1, 2, 1, 3, 1}, same_format(format, 5));
   const auto want = grp.run(*cuda);
@@ -983,13 +983,13 @@ TEST_CASE("cuda outputs in registered host memory: written by the device, the sa
   // The down kernels' stores straight into the registered rows (the default), and copies after the group.
   for (const char* direct_writes : {"1", "0"}) {
     CAPTURE(direct_writes);
-    setenv("STRATA_CUDA_DIRECT_WRITES", direct_writes, 1);
     for (const PluginRecord* rec : cuda_backends()) {
       CAPTURE(rec->name);
-      for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::BF16}) gpu_case_registered(rec, f);
+      for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::BF16}) {
+        gpu_case_registered(rec, f, direct_writes);
+      }
     }
   }
-  unsetenv("STRATA_CUDA_DIRECT_WRITES");
 }
 
 static void gpu_case_7(const PluginRecord* rec) {
@@ -1290,6 +1290,8 @@ static void gpu_case_store(const PluginRecord* rec) {
     Session b(off);
     const auto lb = b.forward(ex.sequence, true);
     CHECK(la == lb);
+    Session a5(on, 5);  // another thread count, the same bits
+    CHECK(a5.forward(ex.sequence, true) == la);
     const std::vector<int32_t> want(ex.sequence.begin() + static_cast<std::ptrdiff_t>(ex.prompt.size()),
                                     ex.sequence.end());
     Session g(on);
