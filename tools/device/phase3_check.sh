@@ -6,7 +6,8 @@
 #   Here:   tools/device/cuda_check.sh bundle && cmake --build build-cuda --target bench_e2e make_synthetic_model
 #           && tools/device/bundle.sh build-cuda build-cuda/bundle   (then trim: see docs/device-runs/README)
 #   There:  run(command="tools/device/phase3_check.sh", carry=["build-cuda/bundle"])
-# Logs go to $OUT (summary.txt is printed last). BUDGET (seconds, default 560) bounds the whole script.
+# Logs go to $OUT: summary.txt (printed last) and logs.tgz (every log, e2e-logs.tgz inside). BUDGET (seconds,
+# default 560) bounds the whole script.
 # STEPS (default "tests bench e2e memcheck") and CONFIGS (default: every placement below) narrow a run;
 # BENCH_ARGS (default "--decode --rounds 7") and BENCH_TIMEOUT (90 s) set the kernel benchmark, E2E_ARGS
 # (default "--prefill 32 --decode 16 --reps 2") the end-to-end one. A config named NAME+ab runs NAME.yaml with
@@ -98,4 +99,10 @@ if want memcheck && command -v compute-sanitizer > /dev/null && [ "$(left)" -gt 
   note "memcheck (${MEMCHECK_TC:-*gemv*,*expert tiers*}): exit $?; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 fi
 note "total $(( $(date +%s) - t0 )) s"
+# The device tool brings back at most 8 files: this script's logs go back as one archive beside summary.txt.
+mine=()
+for f in env.txt test_cuda.log bench_cuda.log ncu-*.txt synth.log e2e-logs.tgz memcheck.log; do
+  if [ -f "$out/$f" ]; then mine+=("$f"); fi
+done
+if [ ${#mine[@]} -gt 0 ]; then tar czf "$out/logs.tgz" -C "$out" "${mine[@]}" && (cd "$out" && rm -f "${mine[@]}"); fi
 cat "$summary"
