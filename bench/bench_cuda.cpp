@@ -359,8 +359,13 @@ int main(int argc, char** argv) {
     // ---- 6. a GLM-5.2 layer (1 row per expert, resident, cold), issued and taken as the engine does ----
     {
       const int64_t iters = smoke ? 6 : 60;
-      const int small = layers,
-                large = smoke ? 2 * layers : 64;  // footprints: 8 layers (1.4 GB), 64 (10.9 GB)
+      // Footprints: 8 layers (1.4 GB) and 64 (10.9 GB; on a device with less free memory, as many as fit).
+      const double expert_bytes =
+          2 * q4_bytes(STRATA_DTYPE_Q4_G64, F, H) + q4_bytes(STRATA_DTYPE_Q4_G64, H, F);
+      size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      const int fit = static_cast<int>(0.8 * static_cast<double>(free_b) / (8 * expert_bytes));
+      const int small = layers, large = std::max(small, smoke ? 2 * layers : std::min(64, fit));
       Pool pool;
       make_pool(pool, b, STRATA_DTYPE_Q4_G64, 8 * large, H, F, 7000);
       std::vector<float> x(static_cast<size_t>(H), 0.25f);
