@@ -52,7 +52,8 @@ struct strata_group {
     float* dst;
     uint64_t offset;  // in the slot's pinned output buffer (the same offset as in the device's y region)
     uint64_t bytes;
-    bool direct;  // dst is in registered host memory: the device puts the rows there itself (host_register)
+    bool direct;   // dst is in registered host memory: the device puts the rows there itself (host_register)
+    bool written;  // direct, and written there by the down kernels (else copied there after the group)
   };
   std::vector<OutCopy> outs;
   int trace_kind = 0;  // STRATA_CUDA_TRACE's bucket: 0 one token, 1 more
@@ -91,7 +92,7 @@ struct Settings {
   // launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the three
   // launches (A/B).
   bool layer_kernel = true;
-  // host_register is offered: outputs in registered host memory are copied there by the device.
+  // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;
   // A take (or matmul) polls its done event for up to this long before it sleeps until the device's
@@ -128,7 +129,7 @@ class CudaBackend {
   void free(strata_resident* r);
   strata_memory_info memory_info();
 
-  // Host memory the device copies group outputs into directly (cudaHostRegister); see plugin_abi.h.
+  // Host memory the device writes group outputs into directly (cudaHostRegister, mapped); see plugin_abi.h.
   void host_register(void* p, uint64_t bytes);
   void host_unregister(void* p);
 
@@ -161,8 +162,6 @@ class CudaBackend {
   Settings settings_;
   std::atomic<int> fail_next_{0};
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly
-  // STRATA_CUDA_TRACE=1: host seconds of issue()'s and take()'s phases, summed and printed (means) when the
-  // backend closes.
   // STRATA_CUDA_TRACE: host time per phase of an issue and a take, and the groups' device spans, kept apart
   // for one-token groups (decode) and the rest (prefill); printed when the backend goes.
   struct IssueTrace {

@@ -272,7 +272,6 @@ struct Plan {
   std::vector<Upload> uploads;
   std::vector<LaunchSpec> launches;
   std::vector<strata_group::OutCopy> outs;  // offsets relative to y_off
-  std::vector<bool> written;                // per out: the down kernels write it in place (direct_writes)
   int prep_blocks = 1;
   // The layer kernel instead of launches[0] (gate_up), the down operands' preparation and launches[1] (down):
   // LayerWork's counters at sync_off (sync_bytes in the head, at an offset that does not depend on the token
@@ -772,8 +771,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
-  std::vector<float*> y_dev(static_cast<size_t>(n_tasks),
-                            nullptr);  // direct writes: the rows' device address
+  // Direct writes: the device address of a task's rows in registered host memory.
+  std::vector<float*> y_dev(static_cast<size_t>(n_tasks), nullptr);
   uint64_t y_cursor = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);  // registered_
@@ -789,8 +788,8 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
       if (direct && settings_.direct_writes) {
         y_dev[static_cast<size_t>(t)] = reinterpret_cast<float*>(r->second.dev + (at - r->first));
       }
-      p.outs.push_back(strata_group::OutCopy{tasks[t].out, y_cursor, bytes, direct});
-      p.written.push_back(y_dev[static_cast<size_t>(t)] != nullptr);
+      const bool written = y_dev[static_cast<size_t>(t)] != nullptr;
+      p.outs.push_back(strata_group::OutCopy{tasks[t].out, y_cursor, bytes, direct, written});
       y_cursor += bytes;
     }
   }
@@ -1217,14 +1216,15 @@ void CudaBackend::finish(Slot& s, const Plan& p) {
   bool staged = p.outs.empty();
   for (size_t i = 0; i < p.outs.size();) {
     const auto& o = p.outs[i];
-    if (!o.direct || p.written[i]) {
+    if (!o.direct || o.written) {
       staged = staged || !o.direct;
       ++i;
       continue;
     }
     uint64_t bytes = o.bytes;
     size_t j = i + 1;
-    for (; j < p.outs.size() && p.outs[j].direct && !p.written[j] && p.outs[j].offset == o.offset + bytes &&
+    for (; j < p.outs.size() && p.outs[j].direct && !p.outs[j].written &&
+           p.outs[j].offset == o.offset + bytes &&
            reinterpret_cast<const char*>(p.outs[j].dst) == reinterpret_cast<const char*>(o.dst) + bytes;
          ++j) {
       bytes += p.outs[j].bytes;

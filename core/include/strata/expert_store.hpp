@@ -109,7 +109,7 @@ class ExpertStore {
   void run_layer(int64_t layer, const float* x, int64_t T, std::span<const Work> work,
                  const std::function<void()>& alongside, float* shared_out = nullptr);
   bool shared_on_gpu(int64_t layer) const;
-  // Output memory (run_layer's Work::out, shared_out) the GPU tier's device copies into directly instead of
+  // Output memory (run_layer's Work::out, shared_out) the GPU tier's device writes into directly instead of
   // through staging buffers (the take's copy, ~15 µs per layer, leaves the layer's critical path). false:
   // no GPU tier, or its backend does not offer it. Unregister before freeing the memory, between layers.
   bool register_output(void* p, size_t bytes);

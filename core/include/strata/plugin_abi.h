@@ -151,9 +151,9 @@ typedef struct strata_plugin_vtable {
 
   /* (optional, appended) Host memory the device writes group outputs into directly: the rows of a task whose
    * out lies inside a registered range are written there by the device, by its kernels or a copy, at any time
-   * between issue and take (no staging copy at take). ptr and
-   * bytes as registered stay registered until host_unregister(ptr), which the core calls before freeing the
-   * memory and never while a group writing there is in flight. STRATA_ERR_UNSUPPORTED: not offered here. */
+   * between issue and take (no staging copy at take). ptr and bytes as registered stay registered until
+   * host_unregister(ptr), which the core calls before freeing the memory and never while a group writing
+   * there is in flight. STRATA_ERR_UNSUPPORTED: not offered here. */
   strata_status (*host_register)(strata_backend* backend, void* ptr, uint64_t bytes);
   strata_status (*host_unregister)(strata_backend* backend, void* ptr);
 } strata_plugin_vtable;

@@ -56,7 +56,7 @@ using Selection = std::vector<std::vector<int32_t>>;
 }  // namespace
 
 // A session's MoE output rows (routed experts, then the shared expert), kept across layers and registered
-// with the expert store's GPU tier, whose device then copies its rows here directly (no staging copy in the
+// with the expert store's GPU tier, whose device then writes its rows here directly (no staging copy in the
 // take: ~40 µs per decode layer on the H200). Page-aligned so registration pins nothing else. Only for
 // passes of up to kMaxBytes of outputs (decode, short prompts): a long prompt's pass uses a transient buffer,
 // so a session never keeps more than this pinned.

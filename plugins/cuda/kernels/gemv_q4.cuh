@@ -99,7 +99,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
     }
   }
 #pragma unroll
-  for (int i = 0; i < R; ++i) soff[i] = kGrouped ? imin(i, rows_out - 1 - o0) * n_groups : imin(i, rows_out - 1 - o0);
+  for (int i = 0; i < R; ++i) {
+    const int d = imin(i, rows_out - 1 - o0);
+    soff[i] = kGrouped ? d * n_groups : d;
+  }
   const float* x = static_cast<const float*>(it.in);
   const int ld = gemv_ld(kp);  // the operand's row length (slot order, see gemv_slot)
   const uint32_t hide0 = static_cast<uint32_t>(it.n_tok - T);  // 0: every item of the launch has T tokens
