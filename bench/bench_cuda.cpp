@@ -199,6 +199,8 @@ int main(int argc, char** argv) {
       "only the decode suites (GLM-5.2 layer, projection shape at n = 1, 4, issue -> take wall time)");
   bool latency_only = false;
   app.add_flag("--latency", latency_only, "only the GLM-5.2 layer's issue -> take wall time (suite 6)");
+  bool layer_only = false;
+  app.add_flag("--layer", layer_only, "only the GLM-5.2 decode layer's kernels (suite 2; for A/B runs)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
@@ -295,6 +297,7 @@ int main(int argc, char** argv) {
       b.settings().gemv_max_rows = -1;
     }
 
+    if (layer_only) return 0;
     // ---- 3. projection shape: 128 experts of 768 x 2048, top-8 of n tokens ----
     if (!latency_only) {
       const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;

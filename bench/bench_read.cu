@@ -8,12 +8,19 @@
 //   tiled:   the tile's 48 KB stored contiguously in load order, each instruction 512 contiguous bytes.
 // Each thread keeps `depth` steps of 32 bytes (2 loads of 16) in flight; occupancy is capped at 4 blocks
 // (16 warps) per SM like the tensor-core kernels, or left at what the registers allow.
+//   bulk S x C: tiled, each warp's tile through its own shared-memory ring of S stages of C bytes filled by
+//   bulk copies (cp.async.bulk, the TMA engine's 1-D form, completed on an mbarrier per stage), read back from
+//   shared memory by every lane: (S - 1) C bytes in flight per warp without holding them in registers;
+//   occupancy is what the shared memory allows.
+// Every configuration reads one set (100.7 MB, like a decode layer) and then all 4 sets in one launch: the
+// difference of the two times is the steady rate without the launch's ramp and last-wave tail.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <fmt/format.h>
+#include <string>
 #include <vector>
 
 namespace {
@@ -45,7 +52,12 @@ __device__ __forceinline__ const uint8_t* addr(const uint8_t* base, int tile, in
   }
 }
 
-template <int PAT, int DEPTH>
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// PF > 0 (tiled only): lane 0 also requests the steps PF ahead of the loads into the L2 (a bulk prefetch).
+template <int PAT, int DEPTH, int PF = 0>
 __global__ void __launch_bounds__(128) read_kernel(const uint8_t* __restrict__ base, int n_tiles, uint32_t* sink) {
   extern __shared__ uint32_t cap[];  // occupancy cap only
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
@@ -53,6 +65,8 @@ __global__ void __launch_bounds__(128) read_kernel(const uint8_t* __restrict__ b
   if (tile >= n_tiles) return;
   static_assert(kSteps % DEPTH == 0, "whole rounds");
   uint4 buf[DEPTH][2];
+  const uint8_t* tile_at = base + static_cast<int64_t>(tile) * kTile * kRowBytes;
+  if (PF > 0 && lane == 0) prefetch_l2(tile_at + DEPTH * 1024, PF * 1024);
 #pragma unroll
   for (int i = 0; i < DEPTH; ++i)
 #pragma unroll
@@ -64,12 +78,113 @@ __global__ void __launch_bounds__(128) read_kernel(const uint8_t* __restrict__ b
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         acc ^= buf[i][h].x ^ buf[i][h].y ^ buf[i][h].z ^ buf[i][h].w;
+        if (PF > 0 && h == 0 && lane == 0 && s0 + DEPTH + i + PF < kSteps) {
+          prefetch_l2(tile_at + (s0 + DEPTH + i + PF) * 1024, 1024);
+        }
         if (s0 + DEPTH + i < kSteps) buf[i][h] = ld_stream(addr<PAT>(base, tile, lane, s0 + DEPTH + i, h));
       }
     }
   }
   if (acc == 0x9e3779b9u) cap[0] = acc;  // keeps the loads (practically never true)
   if (acc == 0x9e3779b9u) sink[0] = cap[0];
+}
+
+// Pieces of PIECE KB (tiled, 1 KB steps, DEPTH steps in flight per thread) per warp instead of whole 48 KB
+// tiles: how much a warp's short stream (the layer kernel's warps read 16-24 KB per tile) costs in pipeline
+// start. TICKET: each block takes its pieces by an atomic ticket, as the layer kernel does.
+template <int DEPTH, int PIECE, bool TICKET>
+__global__ void __launch_bounds__(128) piece_kernel(const uint8_t* __restrict__ base, int n_tiles, uint32_t* sink) {
+  __shared__ int s_ticket;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  int blk = static_cast<int>(blockIdx.x);
+  if (TICKET) {
+    if (threadIdx.x == 0) s_ticket = static_cast<int>(atomicAdd(sink + 1, 1u));
+    __syncthreads();
+    blk = s_ticket;
+  }
+  const int piece = blk * 4 + warp;
+  if (piece >= n_tiles * (kSteps / PIECE)) return;
+  const uint8_t* p = base + static_cast<int64_t>(piece) * PIECE * 1024 + 16 * lane;
+  static_assert(kSteps % PIECE == 0 && PIECE % DEPTH == 0, "whole pieces and rounds");
+  uint4 buf[DEPTH][2];
+#pragma unroll
+  for (int i = 0; i < DEPTH; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) buf[i][h] = ld_stream(p + 1024 * i + 512 * h);
+  uint32_t acc = 0;
+  for (int s0 = 0; s0 < PIECE; s0 += DEPTH) {
+#pragma unroll
+    for (int i = 0; i < DEPTH; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        acc ^= buf[i][h].x ^ buf[i][h].y ^ buf[i][h].z ^ buf[i][h].w;
+        if (s0 + DEPTH + i < PIECE) buf[i][h] = ld_stream(p + 1024 * (s0 + DEPTH + i) + 512 * h);
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads (practically never true)
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int STAGES, int CHUNK>
+__global__ void __launch_bounds__(128) bulk_kernel(const uint8_t* __restrict__ base, int n_tiles, uint32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kTileBytes = kTile * kRowBytes, kChunks = kTileBytes / CHUNK;
+  static_assert(kTileBytes % CHUNK == 0 && CHUNK % 512 == 0, "whole chunks");
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int tile = static_cast<int>(blockIdx.x) * 4 + warp;
+  uint8_t* ring = smem + warp * STAGES * CHUNK;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 4 * STAGES * CHUNK) + warp * STAGES;
+  if (tile >= n_tiles) return;
+  const uint8_t* src = base + static_cast<int64_t>(tile) * kTileBytes;
+  if (lane == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(bar + s)) : "memory");
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncwarp();
+  auto issue = [&](int c) {
+    if (lane != 0) return;
+    const int s = c % STAGES;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar + s)), "r"(CHUNK)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(ring + s * CHUNK)),
+                 "l"(src + static_cast<int64_t>(c) * CHUNK), "r"(CHUNK), "r"(smem_u32(bar + s))
+                 : "memory");
+  };
+  for (int c = 0; c < STAGES && c < kChunks; ++c) issue(c);
+  uint32_t acc = 0;
+  for (int c = 0; c < kChunks; ++c) {
+    const int s = c % STAGES;
+    const uint32_t parity = static_cast<uint32_t>(c / STAGES) & 1u;
+    uint32_t done = 0;
+    do {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(smem_u32(bar + s)), "r"(parity)
+          : "memory");
+    } while (done == 0);
+#pragma unroll
+    for (int j = 0; j < CHUNK / 512; ++j) {
+      uint4 v;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(smem_u32(ring + s * CHUNK + 512 * j + 16 * lane)));
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    __syncwarp();
+    if (c + STAGES < kChunks) {
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      issue(c + STAGES);
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads (practically never true)
 }
 
 double median(std::vector<double> v) {
@@ -96,7 +211,7 @@ int main(int argc, char** argv) {
   const size_t set_bytes = static_cast<size_t>(kMats) * kRows * kRowBytes;
   uint8_t* data = nullptr;
   uint32_t* sink = nullptr;
-  if (cudaMalloc(&data, set_bytes * kSets) != cudaSuccess || cudaMalloc(&sink, 4) != cudaSuccess) {
+  if (cudaMalloc(&data, set_bytes * kSets) != cudaSuccess || cudaMalloc(&sink, 8) != cudaSuccess) {
     fmt::print("bench_read: cudaMalloc failed\n");
     return 1;
   }
@@ -120,35 +235,49 @@ int main(int argc, char** argv) {
              prop.multiProcessorCount, copy);
   fmt::print("reads of {:.1f} MB (16 matrices of {}x{} bytes), 16-row tiles, one warp per tile\n",
              set_bytes / 1e6, kRows, kRowBytes);
-  fmt::print("{:<9} {:>6} {:>12} {:>10} {:>9} {:>11} {:>10}\n", "pattern", "depth", "blocks/SM", "median us",
-             "GB/s", "% of 4.8TB", "% of copy");
+  fmt::print("{:<12} {:>6} {:>9} {:>10} {:>9} {:>11} {:>10} {:>10} {:>10}\n", "pattern", "depth", "blocks/SM",
+             "median us", "GB/s", "% of 4.8TB", "% of copy", "steady", "% of 4.8TB");
   const int n_tiles = kMats * kRows / kTile;
-  const int blocks = (n_tiles + 3) / 4;
+  // One launch reading `sets` consecutive sets (tiles of every set), smem bytes of dynamic shared memory.
+  // per_tile: warps per 48 KB tile (the piece kernels: 48 / PIECE).
+  auto time_it = [&](auto kernel, int smem, int sets, int per_tile) {
+    std::vector<double> t;
+    const int tiles = n_tiles * sets, nblk = (tiles * per_tile + 3) / 4;
+    for (int r = 0; r <= reps; ++r) {
+      const uint8_t* base = data + (sets == 1 ? static_cast<size_t>(r % kSets) * set_bytes : 0);
+      cudaMemsetAsync(sink, 0, 8);
+      cudaEventRecord(e0);
+      kernel<<<nblk, 128, smem>>>(base, tiles, sink);
+      cudaEventRecord(e1);
+      cudaEventSynchronize(e1);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      if (r > 0) t.push_back(ms);
+    }
+    return median(t);
+  };
+  auto report = [&](auto kernel, const char* name, int depth, int smem, int per_tile = 1) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem);
+    const double ms = time_it(kernel, smem, 1, per_tile), ms4 = time_it(kernel, smem, kSets, per_tile);
+    if (cudaGetLastError() != cudaSuccess) {
+      fmt::print("{}: launch failed\n", name);
+      return;
+    }
+    const double gbs = set_bytes / (ms * 1e-3) / 1e9;
+    const double steady = (kSets - 1) * set_bytes / ((ms4 - ms) * 1e-3) / 1e9;
+    fmt::print("{:<12} {:>6} {:>9} {:>10.1f} {:>9.0f} {:>10.1f}% {:>9.1f}% {:>10.0f} {:>9.1f}%\n", name, depth,
+               per_sm, ms * 1e3, gbs, 100 * gbs / 4800, 100 * gbs / copy, steady, 100 * steady / 4800);
+  };
   auto run = [&](auto kernel, const char* name, int depth) {
     for (int cap : {4, 0}) {
-      const int smem = cap > 0 ? static_cast<int>(prop.sharedMemPerMultiprocessor / cap) - 1024 : 0;
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      int per_sm = 0;
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem);
-      std::vector<double> t;
-      for (int r = 0; r <= reps; ++r) {
-        const uint8_t* base = data + static_cast<size_t>(r % kSets) * set_bytes;
-        cudaEventRecord(e0);
-        kernel<<<blocks, 128, smem>>>(base, n_tiles, sink);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (r > 0) t.push_back(ms);
-      }
-      if (cudaGetLastError() != cudaSuccess) {
-        fmt::print("{}: launch failed\n", name);
-        return;
-      }
-      const double ms = median(t), gbs = set_bytes / (ms * 1e-3) / 1e9;
-      fmt::print("{:<9} {:>6} {:>12} {:>10.1f} {:>9.0f} {:>10.1f}% {:>9.1f}%\n", name, depth, per_sm, ms * 1e3,
-                 gbs, 100 * gbs / 4800, 100 * gbs / copy);
+      report(kernel, name, depth, cap > 0 ? static_cast<int>(prop.sharedMemPerMultiprocessor / cap) - 1024 : 0);
     }
+  };
+  auto run_bulk = [&](auto kernel, int stages, int chunk) {
+    const std::string name = fmt::format("bulk {}x{}K", stages, chunk / 1024);
+    report(kernel, name.c_str(), stages, 4 * stages * (chunk + 8));
   };
   run(read_kernel<0, 2>, "rows64", 2);
   run(read_kernel<0, 4>, "rows64", 4);
@@ -159,6 +288,25 @@ int main(int argc, char** argv) {
   run(read_kernel<2, 2>, "tiled", 2);
   run(read_kernel<2, 4>, "tiled", 4);
   run(read_kernel<2, 8>, "tiled", 8);
+  const int cap4 = static_cast<int>(prop.sharedMemPerMultiprocessor / 4) - 1024;
+  report(piece_kernel<2, 48, false>, "piece 48K", 2, cap4, 1);
+  report(piece_kernel<2, 24, false>, "piece 24K", 2, cap4, 2);
+  report(piece_kernel<2, 16, false>, "piece 16K", 2, cap4, 3);
+  report(piece_kernel<2, 8, false>, "piece 8K", 2, cap4, 6);
+  report(piece_kernel<2, 48, true>, "ticket 48K", 2, cap4, 1);
+  report(piece_kernel<2, 16, true>, "ticket 16K", 2, cap4, 3);
+  report(piece_kernel<4, 16, false>, "piece 16K", 4, cap4, 3);
+  report(read_kernel<2, 2, 4>, "tiled+pf4", 2, static_cast<int>(prop.sharedMemPerMultiprocessor / 4) - 1024);
+  report(read_kernel<2, 2, 8>, "tiled+pf8", 2, static_cast<int>(prop.sharedMemPerMultiprocessor / 4) - 1024);
+  report(read_kernel<2, 2, 16>, "tiled+pf16", 2, static_cast<int>(prop.sharedMemPerMultiprocessor / 4) - 1024);
+  run_bulk(bulk_kernel<4, 2048>, 4, 2048);
+  run_bulk(bulk_kernel<8, 2048>, 8, 2048);
+  run_bulk(bulk_kernel<4, 4096>, 4, 4096);
+  run_bulk(bulk_kernel<3, 4096>, 3, 4096);
+  run_bulk(bulk_kernel<6, 4096>, 6, 4096);
+  run_bulk(bulk_kernel<3, 8192>, 3, 8192);
+  run_bulk(bulk_kernel<4, 8192>, 4, 8192);
+  run_bulk(bulk_kernel<2, 16384>, 2, 16384);
   cudaFree(data);
   cudaFree(sink);
   return 0;

@@ -162,12 +162,18 @@ __device__ __forceinline__ uint32_t q4_pair_bf16x2(uint32_t w, int s, uint32_t m
 #endif
 }
 
-// Exact-mode tensor-core operands (int8 digit planes, m16n8k32): within each 16-column chunk, slot s holds
-// column 8 (s >> 3) + 2 (s & 3) + ((s >> 2) & 1), so that the 16 bytes a thread loads per 64-column group are,
-// in order, its B registers of the group's two k-steps (b0, b1 of k-step 0, then of k-step 1), matching the A
-// registers q4_i8_even / q4_i8_odd make from its two weight words (tc_q4.cuh). Column c's slot:
-__device__ __forceinline__ int i8_slot(int c) {
-  return (c & ~15) | (c & 8) | ((c & 1) << 2) | ((c >> 1) & 3);
+// Exact-mode tensor-core operands (int8 digit planes, m16n8k32): where column c of an operand row of kp columns
+// is stored (a byte offset in the row). Rows are read in units of 128 columns (two 64-column groups); thread q
+// of a warp loads 32 bytes of a unit at 32q: columns 16q .. 16q + 15 of the unit's first group, then the same
+// columns of its second, each 16 in the order of its B registers for the group's two k-steps (b0, b1 of
+// k-step 0, then of k-step 1: slot s of a 16-column chunk holds column 8 (s >> 3) + 2 (s & 3) + ((s >> 2) & 1)),
+// matching the A registers q4_i8_even / q4_i8_odd make from its weight words (tc_q4.cuh). A last unit of one
+// group (kp / 64 odd) keeps its 16-column chunks in order (thread q's 16 bytes at 16q).
+__device__ __forceinline__ int i8_pos(int c, int kp) {
+  const int in16 = (c & 8) | ((c & 1) << 2) | ((c >> 1) & 3);
+  const int unit = c & ~127;
+  if (unit + 128 > kp) return (c & ~15) | in16;
+  return unit | (((c >> 4) & 3) << 5) | (((c >> 6) & 1) << 4) | in16;
 }
 
 // The even (0, 2, 4, 6) or odd (1, 3, 5, 7) nibbles of the 32-bit word w (columns 0..7 of a word), each as a

@@ -19,11 +19,11 @@
 //
 // Thread (g = lane / 4, q = lane % 4) of a warp owns, in every 64-column group, columns 16q .. 16q + 15 of rows
 // g and g + 8 of its 16-row tile: one 8-byte load per row (two words w0, w1 of 8 nibbles). int8: k-step j
-// (0, 1) takes word j: its even nibbles are the k-slots 4q .. 4q + 3 of A, its odd ones 16 + 4q ..; bf16:
-// k-step s (0..3) takes the nibble pairs (s, s + 4) of w0 and w1, i.e. columns 16q + {s, s+4, s+8, s+12}. The
-// mma only needs A and B to agree on which column each k-slot is, so B is stored in that order (i8_slot,
-// operand_slot): a thread's B values of a group are 16 contiguous bytes (int8: both k-steps; bf16: two
-// k-steps, so two loads), and the 4 lanes of a column read 64 contiguous bytes.
+// (0, 1) of the group takes word j: its even nibbles are the k-slots 4q .. 4q + 3 of A, its odd ones
+// 16 + 4q ..; bf16: k-step s (0..3) takes the nibble pairs (s, s + 4) of w0 and w1, i.e. columns
+// 16q + {s, s+4, s+8, s+12}. The mma only needs A and B to agree on which column each k-slot is, so B is
+// stored in that order (i8_pos, operand_slot): a thread's B values of a group are 16 contiguous bytes (int8:
+// both k-steps, and the next group's beside them; bf16: two k-steps, so two loads).
 // There is no shape constraint: rows past the matrix are computed from a clamped row and never stored; columns
 // are padded to 64 with zero activations.
 //
@@ -182,65 +182,62 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     }
   };
   if constexpr (kI8) {
-    // int8: units of two groups (128 columns, 64 bytes of a row). Thread q reads 16 contiguous bytes of each of
-    // its rows, columns 32q .. 32q + 31 of the unit (half of group 2u + q / 2), one 16-byte load per row and
-    // unit: a warp's load touches 8 rows x 64 bytes, half the L1 wavefronts per byte of 8-byte loads (the
-    // L1 was the busiest unit, ncu run6). Word j of a row's 16 bytes feeds k-step j (0..3): even nibbles
-    // k-slots 4q.., odd ones 16 + 4q.. (the operand's B bytes are in that order: i8_slot, thread q's 32 bytes
-    // of a unit at 32q). Each k-step mixes the two groups (q < 2: the first, q >= 2: the second), so it runs
-    // twice, once per group with the other group's B registers masked to zero, into the group's own exact
-    // int32 sums.
-    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 16 + g_first * 32);
+    // int8: units of two groups (128 columns, 64 bytes of a row). Thread q reads 8 bytes of each of its rows
+    // from each group of the unit: columns 16q .. 16q + 15 of the group (row bytes 8q .. and 32 + 8q ..), as a
+    // warp load of 8 rows x 32 bytes. Word j (0, 1) of a group's 8 bytes feeds k-step j of that group: even
+    // nibbles k-slots 4q.., odd ones 16 + 4q.. (the operand's B bytes are in that order: i8_pos, thread q's 32
+    // bytes of a unit at 32q, the first 16 its group-0 k-steps, the next 16 its group-1 ones). So every mma
+    // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
+    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 8 + g_first * 32);
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
-    const uint32_t m_first = q < 2 ? 0xFFFFFFFFu : 0u, m_second = ~m_first;  // B masks of the unit's groups
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
-    // One unit: w[0], w[1] its 16 bytes of rows g, g + 8; sg[k], sh[k] the scales of its group k (rows g,
-    // g + 8); b(t, h) the B values of n-tile t for k-steps 2h, 2h + 1; mult[t][k]; `two`: both groups exist.
+    // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
+    // of its group k (rows g, g + 8); b(t, k) the B values of n-tile t for group k's two k-steps; mult[t][k];
+    // `two`: both groups exist.
     auto mma_unit = [&](const uint4 (&w)[2], const float (&sg)[2], const float (&sh)[2], auto&& b,
                         const float (&mult)[NT][2], bool two) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        int32_t c[2][4];
-        const uint4 bq[2] = {b(t, 0), b(t, 1)};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t wg = j == 0 ? w[0].x : j == 1 ? w[0].y : j == 2 ? w[0].z : w[0].w;
-          const uint32_t wh = j == 0 ? w[1].x : j == 1 ? w[1].y : j == 2 ? w[1].z : w[1].w;
-          const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
-          const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
-          const uint4& bv = bq[j >> 1];
-          const uint32_t b0 = (j & 1) == 0 ? bv.x : bv.z, b1 = (j & 1) == 0 ? bv.y : bv.w;
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            if (k == 1 && !two) break;  // warp-uniform
-            const uint32_t m = k == 0 ? m_first : m_second;
-            if (j == 0) {
-              mma_s8_16832(c[k], a0, a1, a2, a3, b0 & m, b1 & m, 0, 0, 0, 0);
-            } else {
-              mma_s8_16832(c[k], a0, a1, a2, a3, b0 & m, b1 & m, c[k][0], c[k][1], c[k][2], c[k][3]);
-            }
-          }
-        }
-        // |c| <= 64 * 128 * 128 = 2^20: exact in f32; the multiplier times the scale is exact (a power of 2).
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          if (k == 1 && !two) break;
+          if (k == 1 && !two) break;  // warp-uniform
+          int32_t c[4];
+          const uint4 bv = b(t, k);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t wg = k == 0 ? (j == 0 ? w[0].x : w[0].y) : (j == 0 ? w[0].z : w[0].w);
+            const uint32_t wh = k == 0 ? (j == 0 ? w[1].x : w[1].y) : (j == 0 ? w[1].z : w[1].w);
+            const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
+            const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
+            const uint32_t b0 = j == 0 ? bv.x : bv.z, b1 = j == 0 ? bv.y : bv.w;
+            if (j == 0) {
+              mma_s8_16832(c, a0, a1, a2, a3, b0, b1, 0, 0, 0, 0);
+            } else {
+              mma_s8_16832(c, a0, a1, a2, a3, b0, b1, c[0], c[1], c[2], c[3]);
+            }
+          }
+          // |c| <= 64 * 128 * 128 = 2^20: exact in f32; the multiplier times the scale is exact (a power of 2).
           const float f0 = kGrouped ? sg[k] * mult[t][k] : mult[t][k];
           const float f1 = kGrouped ? sh[k] * mult[t][k] : mult[t][k];
-          acc[t][0] = fmaf(f0, static_cast<float>(c[k][0]), acc[t][0]);
-          acc[t][1] = fmaf(f0, static_cast<float>(c[k][1]), acc[t][1]);
-          acc[t][2] = fmaf(f1, static_cast<float>(c[k][2]), acc[t][2]);
-          acc[t][3] = fmaf(f1, static_cast<float>(c[k][3]), acc[t][3]);
+          acc[t][0] = fmaf(f0, static_cast<float>(c[0]), acc[t][0]);
+          acc[t][1] = fmaf(f0, static_cast<float>(c[1]), acc[t][1]);
+          acc[t][2] = fmaf(f1, static_cast<float>(c[2]), acc[t][2]);
+          acc[t][3] = fmaf(f1, static_cast<float>(c[3]), acc[t][3]);
         }
       }
+    };
+    // A row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
+    auto ld_unit_row = [](const uint8_t* p, bool two) {
+      const uint2 lo = ld_stream_u2(p), hi = two ? ld_stream_u2(p + 32) : make_uint2(0u, 0u);
+      return make_uint4(lo.x, lo.y, hi.x, hi.y);
     };
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {  // the next batch's weights and scales
 #pragma unroll
       for (int u = 0; u < UN; ++u) {
-        wv[u][0] = ld_stream_u4(w0 + w_u * u);
-        wv[u][1] = ld_stream_u4(w0 + w_d + w_u * u);
+        wv[u][0] = ld_unit_row(w0 + w_u * u, true);
+        wv[u][1] = ld_unit_row(w0 + w_d + w_u * u, true);
       }
       w0 += w_u * UN;
       load_s(sv);
@@ -287,22 +284,22 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         },
         run_batch);
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
-    // evenly): a unit at a time, the second group of a last odd one absent (its bytes not loaded).
+    // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
+    // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
-      const bool mine = q < 2 || two;   // this thread's 16 bytes exist
-      const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-      const uint4 w[2] = {mine ? ld_stream_u4(w0) : z, mine ? ld_stream_u4(w0 + w_d) : z};
+      const uint4 w[2] = {ld_unit_row(w0, two), ld_unit_row(w0 + w_d, two)};
       w0 += w_u;
       const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
       s0 += 2;
+      const uint8_t* bu = two ? bnext : bnext - 16 * q;
       uint4 bt[NT][2];
       float mt[NT][2];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) bt[t][h] = mine ? b_load(bnext, t, h) : z;
+        bt[t][0] = b_load(bu, t, 0);
+        bt[t][1] = two ? b_load(bu, t, 1) : make_uint4(0u, 0u, 0u, 0u);
         mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
         mt[t][1] = two ? ld_m(mnext + 2 * t * n_groups_all + 1) : 0.0f;
       }

@@ -41,8 +41,8 @@ struct DevMatrix {
 // Input operand `in`, by kernel family:
 //  - tensor-core (int4) kernels, exact mode (in_splits = kI8Splits): each token as 4 int8 digit planes of a
 //    per-64-column-group fixed-point form (see i8_encode in device_util.cuh): bytes [ncols][kp] with ncols =
-//    8 * NT of the launch, column n = 4 r + p holding plane p of token r (columns past 4 * n_tok zero), each
-//    16-column chunk permuted into the order a thread feeds mma.sync (i8_slot); then, at byte 8 * NT * kp,
+//    8 * NT of the launch, column n = 4 r + p holding plane p of token r (columns past 4 * n_tok zero), the
+//    columns of each 128-column unit in the order the threads feed mma.sync (i8_pos); then, at byte 8 * NT * kp,
 //    the group multipliers, f32 [2 * NT][kp / 64] (token r, group G: 2^(e - 34) for the group's exponent e,
 //    NaN for a group holding a non-finite value, 0 for tokens past n_tok).
 //  - tensor-core kernels, W4A16 mode (in_splits = 1): bf16, [ncols][kp] with ncols = 8 * NT; column r holds
