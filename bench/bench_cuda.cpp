@@ -201,6 +201,10 @@ int main(int argc, char** argv) {
   app.add_flag("--latency", latency_only, "only the GLM-5.2 layer's issue -> take wall time (suite 6)");
   bool layer_only = false;
   app.add_flag("--layer", layer_only, "only the GLM-5.2 decode layer's kernels (suite 2; for A/B runs)");
+  int layer_experts = 8;
+  app.add_option("--layer-experts", layer_experts,
+                 "experts per group in suite 2 (8: a GLM-5.2 layer; more: what one launch's ramp and tail cost)")
+      ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
@@ -233,17 +237,18 @@ int main(int argc, char** argv) {
       // The same weights in both resident layouts: 16-row tiles (the default, the tensor cores' load order)
       // and rows in order (what the gemv and SIMT kernels read best).
       Pool pool, pool_rows;
-      make_pool(pool, b, dtype, 8 * layers, H, F, 1000);
+      make_pool(pool, b, dtype, layer_experts * layers, H, F, 1000);
       b.settings().tiles = false;
-      make_pool(pool_rows, b, dtype, 8 * layers, H, F, 1000);
+      make_pool(pool_rows, b, dtype, layer_experts * layers, H, F, 1000);
       b.settings().tiles = true;
       fmt::print(
-          "\nGLM-5.2 layer, {}: 8 experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} "
+          "\nGLM-5.2 layer, {}: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} "
           "layers\n",
-          dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", F, H, H, F, pool.bytes_per_expert / 1e6,
-          layers);
-      fmt::print("memory floor: {:.1f} us for {:.1f} MB at {:.0f} GB/s\n",
-                 8 * pool.bytes_per_expert / (peak * 1e9) * 1e6, 8 * pool.bytes_per_expert / 1e6, peak);
+          dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", layer_experts, F, H, H, F,
+          pool.bytes_per_expert / 1e6, layers);
+      const double layer_bytes = static_cast<double>(layer_experts) * pool.bytes_per_expert;
+      fmt::print("memory floor: {:.1f} us for {:.1f} MB at {:.0f} GB/s\n", layer_bytes / (peak * 1e9) * 1e6,
+                 layer_bytes / 1e6, peak);
       // copy: the device-to-device copy's read + write rate. queued: the same launches queued behind a
       // spinning kernel, so that the host's submission of them is not timed.
       fmt::print("{:<30} {:>5} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n", "kernels", "rows", "median us",
@@ -274,8 +279,8 @@ int main(int argc, char** argv) {
           for (auto& v : x) v = nd(rng);
           std::vector<Group> gs(static_cast<size_t>(layers));
           for (int l = 0; l < layers; ++l) {
-            for (int e = 0; e < 8; ++e) {
-              gs[static_cast<size_t>(l)].expert.push_back(l * 8 + e);
+            for (int e = 0; e < layer_experts; ++e) {
+              gs[static_cast<size_t>(l)].expert.push_back(l * layer_experts + e);
               std::vector<int32_t> r(static_cast<size_t>(rows));
               for (int i = 0; i < rows; ++i) r[static_cast<size_t>(i)] = i;
               gs[static_cast<size_t>(l)].rows.push_back(r);
@@ -284,8 +289,8 @@ int main(int argc, char** argv) {
           }
           const double ms = time_groups(b, gs, x, rows, H, rounds);
           const double qms = time_groups(b, gs, x, rows, H, rounds, 100);
-          const double gbs = 8 * pool.bytes_per_expert / (ms * 1e-3) / 1e9;
-          const double qgbs = 8 * pool.bytes_per_expert / (qms * 1e-3) / 1e9;
+          const double gbs = layer_bytes / (ms * 1e-3) / 1e9;
+          const double qgbs = layer_bytes / (qms * 1e-3) / 1e9;
           fmt::print("{:<30} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name,
                      rows, ms * 1e3, gbs, 100 * gbs / peak, copy > 0 ? 100 * gbs / copy : 0.0, qms * 1e3,
                      100 * qgbs / peak);
