@@ -9,7 +9,7 @@
 //
 // No deadlock whatever the block scheduling: a block only ever waits for blocks with smaller tickets, which
 // have started (they took their ticket) and never wait themselves (a gate/up tile waits only for the previous
-// launch). The counters live in the group's device buffer, cleared on the stream before each launch.
+// launch). The counters live in the group's device buffer, zeroed by the copy of the group's head before each launch.
 #pragma once
 
 #include "encode_i8.cuh"
