@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A/B of the GLM-5.2 decode layer between settings of one bundle, alternating in one machine start.
+#
+#   Here:   tools/device/cuda_check.sh bundle      (builds build-cuda/bundle)
+#   There:  run(command="VARIANTS='STRATA_CUDA_LAYER_ENCODE=2 STRATA_CUDA_LAYER_ENCODE=0' tools/device/layer_ab.sh",
+#               carry=["build-cuda/bundle"])
+# VARIANTS: space-separated environment settings (one per variant; "-" for none; several settings of one
+# variant joined by commas); PASSES (2): how often the list is run through; BENCH_ARGS (--layer --quick
+# --rounds 5); TESTS=1 runs test_cuda first. Writes under $OUT: summary.txt (the 1-4 row "queued" figures of
+# the exact tensor cores per pass and variant) and logs.tgz (test_cuda.log and every bench log).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+bundle=${BUNDLE:-build-cuda/bundle}
+out=${OUT:-/tmp/layer_ab}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export STRATA_FIXTURES_DIR="$PWD/tests/fixtures" STRATA_CUDA_NO_EMU=1 STRATA_CUDA_REQUIRE=1
+summary="$out/summary.txt"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+logs=()
+if [ "${TESTS:-1}" = "1" ]; then
+  timeout 300 "$bundle/bin/test_cuda" > "$out/test_cuda.log" 2>&1
+  note "test_cuda: exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/test_cuda.log" | tr '\n' ' ')"
+  logs+=(test_cuda.log)
+fi
+for pass in $(seq 1 "${PASSES:-2}"); do
+  i=0
+  for v in ${VARIANTS:--}; do
+    i=$((i + 1))
+    log="bench_p${pass}_v${i}.log"
+    envs=()
+    [ "$v" != "-" ] && IFS=, read -r -a envs <<< "$v"
+    start=$SECONDS
+    timeout 240 env "${envs[@]}" "$bundle/bin/bench_cuda" ${BENCH_ARGS:---layer --quick --rounds 5} > "$out/$log" 2>&1
+    rc=$?
+    took=$((SECONDS - start))
+    q=$(awk '/^tensor cores, exact/ && $(NF-6) <= 4 {printf "%s rows %s us (%s) ", $(NF-6), $(NF-1), $NF}' "$out/$log")
+    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q"
+    logs+=("$log")
+  done
+done
+tar czf "$out/logs.tgz" -C "$out" "${logs[@]}" && (cd "$out" && rm -f "${logs[@]}")
+cat "$summary"
