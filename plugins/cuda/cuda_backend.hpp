@@ -92,11 +92,6 @@ struct Settings {
   // launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the three
   // launches (A/B).
   bool layer_kernel = true;
-  // The layer kernel encodes the gate/up operands itself: its first blocks (tickets) run the preparation
-  // jobs, this many (token, 64-column group) units per warp, while the gate/up tiles load their first weights
-  // and wait for them; no preparation launch before it. STRATA_CUDA_LAYER_ENCODE=N; 0: the preparation launch
-  // (A/B).
-  int layer_encode_units = 2;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

@@ -278,8 +278,6 @@ struct Plan {
   // count; zero in the pinned head, so that the head's copy clears them before each launch).
   bool layer = false;
   uint64_t sync_off = 0, sync_bytes = 0;
-  // The layer kernel's encoding blocks (its first tickets run jobs [0, n_jobs_first)); 0: a preparation launch.
-  int enc_blocks = 0;
 };
 
 namespace {
@@ -384,11 +382,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_ENCODE")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (end != v && *end == '\0' && n >= 0 && n <= 1024) settings_.layer_encode_units = static_cast<int>(n);
-  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -744,7 +737,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   p.jobs_off = lay.take(2 * chunks.size() * sizeof(PrepJob));
   int64_t widest = 0;  // gate rows: the layer kernel counts gate/up tiles per 64-row group of h
   for (const Chunk& c : chunks) widest = std::max<int64_t>(widest, c.gate.dm.rows);
-  p.sync_bytes = (2 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
+  p.sync_bytes = (1 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
   p.sync_off = lay.take(p.sync_bytes);
   p.x_off = lay.take(p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
@@ -890,17 +883,6 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items);
-    // Its first blocks encode the gate/up operands when they have one shape (a job per item, in item order).
-    bool one_shape = p.n_jobs_first == static_cast<size_t>(gu.n_items);
-    for (size_t i = 0; one_shape && i < p.n_jobs_first; ++i) {
-      const JobSpec& j = p.jobs[i];
-      one_shape = j.splits == kI8Splits && j.ncols == p.jobs[0].ncols && j.kp == p.jobs[0].kp;
-    }
-    if (p.layer && one_shape && settings_.layer_encode_units > 0) {
-      const int64_t units = static_cast<int64_t>(gu.n_items) * (p.jobs[0].ncols / kI8Planes) * (p.jobs[0].kp / kColPad);
-      const int64_t per_block = static_cast<int64_t>(kLayerEncodeWarps) * settings_.layer_encode_units;
-      p.enc_blocks = static_cast<int>(std::clamp<int64_t>((units + per_block - 1) / per_block, 1, 4096));
-    }
   }
   return p;
 }
@@ -1082,7 +1064,6 @@ static std::string launch_signature(const Plan& p, bool pdl) {
   put(p.layer);
   put(p.sync_off);
   put(p.sync_bytes);
-  put(static_cast<uint64_t>(p.enc_blocks));
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
   put(p.jobs.size());
   for (const LaunchSpec& l : p.launches) {
@@ -1171,14 +1152,12 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
           "launch of prep_operands");
     }
   };
-  if (!p.layer || p.enc_blocks == 0) prep(0, p.n_jobs_first);
+  prep(0, p.n_jobs_first);
   if (p.layer) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
     LayerWork lw{};
     lw.items = reinterpret_cast<const WorkItem*>(s.dev + p.items_off);
-    lw.gu_jobs = reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off);
-    lw.dn_jobs = lw.gu_jobs + p.n_jobs_first;
-    lw.enc_blocks = p.enc_blocks;
+    lw.dn_jobs = reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + p.n_jobs_first;
     lw.sync = reinterpret_cast<int32_t*>(s.dev + p.sync_off);
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;

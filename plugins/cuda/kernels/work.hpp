@@ -85,21 +85,15 @@ struct PrepJob {
   int32_t ncols;   // rows of the operand to write: 8 * NT (tensor-core) or n_tok (f32)
 };
 
-// The layer kernel's work (tc_layer.cuh): an expert group's gate/up and down passes in one launch, and (with
-// enc_blocks > 0) the preparation of the gate/up operands before them.
+// The layer kernel's work (tc_layer.cuh): an expert group's gate/up and down passes in one launch.
 struct LayerWork {
   const WorkItem* items;   // n_items gate_up items, then their n_items down items in the same order
-  const PrepJob* gu_jobs;  // n_items: each gate_up operand's encoding from x (and the clearing of its h)
   const PrepJob* dn_jobs;  // n_items: each down operand's encoding from its gate_up item's f32 h
-  int32_t* sync;           // 2 + n_items (1 + ceil(gu_tiles / 4)) counters, zero at launch: the ticket, the
-                           // encoding blocks done, per item its down operand's groups encoded, per item and
-                           // 64-row group of h its gate/up tiles done
+  int32_t* sync;           // 1 + n_items (1 + ceil(gu_tiles / 4)) counters, zero at launch: the ticket, per
+                           // item its down operand's groups encoded, per item and 64-row group of h its
+                           // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles (blocks) per gate_up item and per down item
-  // Blocks (the first tickets) that run gu_jobs, kLayerEncodeWarps warps each, before the gate/up tiles read
-  // their operands; 0: a preparation launch ran gu_jobs before this one.
-  int32_t enc_blocks;
 };
-constexpr int kLayerEncodeWarps = 4;
 
 // Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
 // kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile) (tc_q4.cuh).
