@@ -92,10 +92,6 @@ struct Settings {
   // launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the three
   // launches (A/B).
   bool layer_kernel = true;
-  // The layer kernel takes an expert's down tiles after the gate/up tiles of the expert this many places
-  // later (tc_layer.cuh, layer_tile), so the down passes of the first experts run beside the gate/up tiles
-  // of later ones. STRATA_CUDA_LAYER_LAG=N; a lag of at least the group's experts: every down tile last.
-  int layer_lag = 1 << 20;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

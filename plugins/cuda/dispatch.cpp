@@ -382,11 +382,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_LAG")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (end != v && *end == '\0' && n >= 0 && n < (1L << 20)) settings_.layer_lag = static_cast<int>(n);
-  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1167,7 +1162,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
-    lw.dn_lag = settings_.layer_lag;
     const cudaError_t e =
         gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lw, on) : launch_layer_q4row_tc(gu.nt, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +

@@ -1,6 +1,6 @@
 // The layer kernel: an expert group's gate/up tiles and down tiles (exact mode, tensor cores) in one launch.
 // Each block takes a ticket (an atomic counter) and with it its work, in order: every gate/up tile of item 0,
-// of item 1, .., each item's down tiles after the gate/up tiles of the item lw.dn_lag places later (layer_tile). The down operand's group G (h columns 64 G ..) needs
+// of item 1, .., then every down tile of item 0, 1, ... The down operand's group G (h columns 64 G ..) needs
 // the 4 gate/up tiles of rows 64 G ..: the last of them to finish encodes it (encode_i8_unit, as the
 // preparation pass does) and counts it; an item's down blocks load their first weights, then wait until all
 // of its groups are counted. So the down tiles of the first experts run while the last gate/up tiles still
@@ -17,28 +17,6 @@
 
 namespace strata_cuda {
 
-// Ticket t's tile: the gate/up tiles of items 0 .. lag - 1, then for each item k from lag on its gate/up tiles
-// followed by the down tiles of item k - lag, then the down tiles of the last lag items. A down tile's ticket
-// is always larger than all of its item's gate/up tickets. lag >= n_items: every gate/up tile, then every down
-// tile (the last wave then has every item's down tiles; with a small lag the down passes of the first items run
-// beside the gate/up tiles of later ones and only the last lag items' down tiles are left at the end).
-struct LayerTile {
-  bool gate_up;
-  int item, tile;
-};
-__device__ __forceinline__ LayerTile layer_tile(const LayerWork& lw, int t) {
-  const int n = lw.n_items, G = lw.gu_tiles, D = lw.dn_tiles;
-  const int lag = imin(lw.dn_lag, n);
-  if (t < lag * G) return {true, t / G, t % G};
-  t -= lag * G;
-  if (t < (n - lag) * (G + D)) {
-    const int k = lag + t / (G + D), r = t % (G + D);
-    return r < G ? LayerTile{true, k, r} : LayerTile{false, k - lag, r - G};
-  }
-  t -= (n - lag) * (G + D);
-  return {false, n - lag + t / D, t % D};
-}
-
 template <int FMT, int NT>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true))
     tc_q4_layer_kernel(LayerWork lw) {
@@ -46,12 +24,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
   __shared__ int s_ticket, s_last;
   if (threadIdx.x == 0) s_ticket = atomicAdd(lw.sync, 1);
   __syncthreads();
-  const LayerTile lt = layer_tile(lw, s_ticket);
+  const int t = s_ticket;
+  const int n_gu = lw.n_items * lw.gu_tiles;
   const int n_grp = (lw.gu_tiles + 3) / 4;          // 64-row groups of h per item (the widest item's)
   int32_t* groups_ready = lw.sync + 1;              // per item: its down operand's groups encoded
   int32_t* tiles_done = lw.sync + 1 + lw.n_items;   // per item and group: gate/up tiles finished
-  if (lt.gate_up) {
-    const int i = lt.item, bx = lt.tile, grp = bx / 4;
+  if (t < n_gu) {
+    const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
     tc_q4_tile<FMT, kI8Splits, NT, true>(lw.items[i], bx, [] { grid_dep_wait(); });
     __threadfence();  // this thread's h, before the count
     __syncthreads();
@@ -71,9 +50,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();
     if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
   } else {
-    const int i = lt.item;
+    const int d = t - n_gu, i = d / lw.dn_tiles;
     const int need = lw.dn_jobs[i].kp / kColPad;
-    tc_q4_tile<FMT, kI8Splits, NT, false, true>(lw.items[lw.n_items + i], lt.tile, [&] {
+    tc_q4_tile<FMT, kI8Splits, NT, false, true>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, [&] {
       grid_dep_wait();
       if (threadIdx.x == 0) {
         while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);

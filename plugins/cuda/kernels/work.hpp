@@ -93,7 +93,6 @@ struct LayerWork {
                            // item its down operand's groups encoded, per item and 64-row group of h its
                            // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles (blocks) per gate_up item and per down item
-  int32_t dn_lag;  // item k's down tiles are taken after the gate/up tiles of item k + dn_lag (tc_layer.cuh)
 };
 
 // Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
