@@ -86,12 +86,18 @@ struct Settings {
   // replayed as a CUDA graph: one host call instead of one per kernel (the host is busy with the CPU rows
   // beside it). STRATA_CUDA_GRAPHS=0: every kernel launched on its own.
   bool graphs = true;
-  // A decode group whose experts all run on the exact tensor cores (one format, up to 2 rows per expert) is
-  // one launch after the operand preparation: the layer kernel (kernels/tc_layer.cuh) runs the gate/up tiles
-  // and then the down tiles, each expert's down tiles as soon as its h is complete, instead of a gate/up
-  // launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the three
-  // launches (A/B).
+  // A decode group whose experts all run on the exact tensor cores (one format, up to 4 rows per expert: 2
+  // n-tiles) is one launch after the operand preparation: the layer kernel (kernels/tc_layer.cuh) runs the
+  // gate/up tiles and then the down tiles, each expert's down tiles as soon as its h is complete, instead of a
+  // gate/up launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the
+  // three launches (A/B).
   bool layer_kernel = true;
+  // The layer kernel as a persistent launch: as many blocks as the device holds at once, each taking tiles
+  // until none is left, its next tile's ticket taken as its current tile's last two load batches begin and
+  // that tile's first weights loaded before the current tile's epilogue (so a block's slot never waits on a
+  // block launch, a ticket, a work item or its first loads). Same results bit for bit. Off until measured
+  // against one block per tile on a GPU (tools/device/layer_ab.sh). STRATA_CUDA_LAYER_PERSISTENT=1: on.
+  bool layer_persistent = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

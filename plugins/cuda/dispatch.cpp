@@ -382,6 +382,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
+    settings_.layer_persistent = std::strcmp(v, "0") != 0;
+  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1052,7 +1055,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
 #if !defined(STRATA_CUDA_EMULATE)
 // What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
 // same slot (same `dev`), the same kernels run with the same arguments.
-static std::string launch_signature(const Plan& p, bool pdl) {
+static std::string launch_signature(const Plan& p, bool pdl, bool persistent) {
   std::string k;
   auto put = [&](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(pdl);
@@ -1062,6 +1065,7 @@ static std::string launch_signature(const Plan& p, bool pdl) {
   put(p.n_jobs_first);
   put(p.first_down_launch);
   put(p.layer);
+  put(p.layer && persistent);  // (the layer kernel's grid: a block per tile, or what the device holds)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1094,7 +1098,7 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
   (void)p;
   return false;
 #else
-  const std::string key = launch_signature(p, settings_.pdl);
+  const std::string key = launch_signature(p, settings_.pdl, settings_.layer_persistent);
   auto it = s.graphs.find(key);
   if (it == s.graphs.end()) {
     if (s.graphs.size() >= kMaxGraphs) {
@@ -1162,6 +1166,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
+    lw.persistent = settings_.layer_persistent ? 1 : 0;
     const cudaError_t e =
         gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lw, on) : launch_layer_q4row_tc(gu.nt, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +

@@ -7,9 +7,19 @@
 // do, with no kernel boundary, preparation launch or wave tail between the two passes; every tile's
 // arithmetic is tc_q4_tile's, so the results equal the separate launches' bit for bit.
 //
-// No deadlock whatever the block scheduling: a block only ever waits for blocks with smaller tickets, which
-// have started (they took their ticket) and never wait themselves (a gate/up tile waits only for the previous
-// launch). The counters live in the group's device buffer, zeroed by the copy of the group's head before each launch.
+// No deadlock whatever the block scheduling: a block only ever waits (in a down tile) for gate/up tiles, whose
+// tickets are smaller; a gate/up tile waits only for the previous launch, and its ticket is held by a block
+// that is running: the block took it either for its first tile or, persistent, as its next ticket while it
+// ran an earlier tile, itself a gate/up tile (tickets grow), which ends without waiting. So the smallest
+// unfinished ticket always makes progress (also with several groups' layer kernels in flight). The counters
+// live in the group's device buffer, zeroed by the copy of the group's head before each launch.
+//
+// Persistent (LayerWork::persistent): the launch has as many blocks as the device holds at once and each takes
+// tiles until the tickets run out. Between two tiles a block's slot would otherwise sit without a load in
+// flight while the block retires, the next one launches, takes its ticket (an atomic round trip), reads its
+// work item and waits for its first weights; here the next ticket is taken as the current tile's last two
+// batches begin, and the next tile's first two batches are requested right after the current tile's staging
+// barrier, before its epilogue, count and encoding (LayerCarry, tc_q4_tile's carry hooks).
 #pragma once
 
 #include "encode_i8.cuh"
@@ -17,58 +27,157 @@
 
 namespace strata_cuda {
 
+// The first batches of the tile of ticket t (none past the last ticket or past its item's rows).
+template <int FMT>
+__device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
+  const int n_gu = lw.n_items * lw.gu_tiles;
+  if (t < n_gu) {
+    const int i = t / lw.gu_tiles;
+    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
+  }
+  const int d = t - n_gu, i = d / lw.dn_tiles;
+  if (i >= lw.n_items) return 0;
+  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
+}
+
+// The layer kernel's carry between a block's tiles (tc_q4_tile's hooks): thread 0 takes the next ticket as the
+// tile's last two batches begin (the atomic's latency hides behind them; taken earlier, a block would hold a
+// ticket it cannot start for a whole tile, and the launch's last wave would be longer), publishes it before the
+// epilogue's staging, and every thread loads its warp's first two batches of that tile into the weight
+// registers right after the staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's
+// count and encoding) runs.
+template <int FMT>
+struct LayerCarry {
+  static constexpr bool kOn = true;
+  const LayerWork& lw;
+  I8Regs& r;
+  int& primed_;     // batches of the current tile already in r
+  int* s_next;      // shared: the next ticket
+  int next = -1;    // thread 0: the next ticket, once taken
+  int next_all;      // every thread, after refill: the next ticket
+  __device__ __forceinline__ I8Regs& regs() { return r; }
+  __device__ __forceinline__ int primed() const { return primed_; }
+  __device__ __forceinline__ void near_end() {
+    if (lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
+  }
+  __device__ __forceinline__ void before_stage() {
+    near_end();  // (a tile with no whole batch never reached it)
+    if (lw.persistent && threadIdx.x == 0) *s_next = next;
+  }
+  __device__ __forceinline__ void refill() {
+    if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
+    next_all = *s_next;
+    primed_ = prime_layer_tile<FMT>(lw, next_all, r);
+  }
+};
+
+// lw.persistent: a launch of at most as many blocks as fit on the device at once; each block takes tickets until
+// they run out (the first before its first tile, each next one near the end of the tile before). Otherwise a
+// block per tile, each taking one ticket.
 template <int FMT, int NT>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true))
     tc_q4_layer_kernel(LayerWork lw) {
   grid_dep_launch();
   __shared__ int s_ticket, s_last;
-  if (threadIdx.x == 0) s_ticket = atomicAdd(lw.sync, 1);
-  __syncthreads();
-  const int t = s_ticket;
   const int n_gu = lw.n_items * lw.gu_tiles;
+  const int n_all = n_gu + lw.n_items * lw.dn_tiles;
   const int n_grp = (lw.gu_tiles + 3) / 4;          // 64-row groups of h per item (the widest item's)
   int32_t* groups_ready = lw.sync + 1;              // per item: its down operand's groups encoded
   int32_t* tiles_done = lw.sync + 1 + lw.n_items;   // per item and group: gate/up tiles finished
-  if (t < n_gu) {
-    const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-    tc_q4_tile<FMT, kI8Splits, NT, true>(lw.items[i], bx, [] { grid_dep_wait(); });
-    __threadfence();  // this thread's h, before the count
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      s_last = atomicAdd(tiles_done + i * n_grp + grp, 1) == imin(4, lw.gu_tiles - 4 * grp) - 1;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    const PrepJob job = lw.dn_jobs[i];
-    if (grp >= job.kp / kColPad) return;  // tiles past this item's rows (a narrower item than the widest)
-    grid_dep_wait();  // (a tile past the item's rows returned before waiting: h's padding is prep's)
-    __threadfence();  // the group's other tiles' h, counted before this block's
-    for (int r = static_cast<int>(threadIdx.x >> 5); r < job.ncols / kI8Planes; r += kTcWarps) {
-      encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
-  } else {
-    const int d = t - n_gu, i = d / lw.dn_tiles;
-    const int need = lw.dn_jobs[i].kp / kColPad;
-    tc_q4_tile<FMT, kI8Splits, NT, false, true>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, [&] {
-      grid_dep_wait();
+  if (threadIdx.x == 0) s_ticket = atomicAdd(lw.sync, 1);
+  __syncthreads();
+  int t = s_ticket;
+  I8Regs regs;
+  int primed = 0;
+  while (t < n_all) {
+    __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
+    if (t < n_gu) {
+      const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
+      const WorkItem& it = lw.items[i];
+      if (bx * kTcRowsPerBlock < it.w0.rows) {
+        tc_q4_tile<FMT, kI8Splits, NT, true>(it, bx, [] { grid_dep_wait(); }, carry);
+      } else {
+        carry.before_stage();  // a tile past this item's rows (a narrower item than the widest)
+        __syncthreads();
+        carry.refill();
+      }
+      __threadfence();  // this thread's h, before the count
+      __syncthreads();
       if (threadIdx.x == 0) {
-        while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
+        s_last = atomicAdd(tiles_done + i * n_grp + grp, 1) == imin(4, lw.gu_tiles - 4 * grp) - 1;
       }
       __syncthreads();
-    });
+      const PrepJob& job = lw.dn_jobs[i];
+      // The last of the group's tiles encodes it (not for tiles past this item's rows: h's padding is prep's).
+      if (s_last && grp < job.kp / kColPad) {
+        grid_dep_wait();  // (a tile past the item's rows did not wait in the tile)
+        __threadfence();  // the group's other tiles' h, counted before this block's
+        for (int r = static_cast<int>(threadIdx.x >> 5); r < job.ncols / kI8Planes; r += kTcWarps) {
+          encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
+      }
+    } else {
+      const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
+      const WorkItem& it = lw.items[lw.n_items + i];
+      if (bx * kTcLinearTiles * kTcRowsPerBlock < it.w0.rows) {
+        const int need = lw.dn_jobs[i].kp / kColPad;
+        tc_q4_tile<FMT, kI8Splits, NT, false, true>(
+            it, bx,
+            [&] {
+              grid_dep_wait();
+              if (threadIdx.x == 0) {
+                while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
+              }
+              __syncthreads();
+            },
+            carry);
+      } else {
+        carry.before_stage();
+        __syncthreads();
+        carry.refill();
+      }
+    }
+    t = carry.next_all;
   }
+}
+
+// Blocks of the persistent layer kernel: as many as the device holds at once (at most one per tile).
+template <class K>
+int layer_blocks(K kernel, int tiles) {
+#if defined(STRATA_CUDA_EMULATE)
+  (void)kernel;
+  return tiles < 3 ? tiles : 3;  // (blocks run one after another there: the first takes every ticket)
+#else
+  // Resident blocks on the current device (one kind of device per process); 0 when the query fails.
+  static const int per_device = [kernel] {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcWarps * 32, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return sms * per_sm;
+  }();
+  return per_device > 0 && per_device < tiles ? per_device : tiles;
+#endif
 }
 
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(lw.n_items * (lw.gu_tiles + lw.dn_tiles)));
+  const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
   const dim3 block(kTcWarps * 32);
-  if (nt == 1) return launch_kernel(&tc_q4_layer_kernel<FMT, 1>, grid, block, on, true, lw);
-  if (nt == 2) return launch_kernel(&tc_q4_layer_kernel<FMT, 2>, grid, block, on, true, lw);
+  auto run = [&](auto kernel) {
+    const int blocks = lw.persistent ? layer_blocks(kernel, tiles) : tiles;
+    return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block, on, true, lw);
+  };
+  if (nt == 1) return run(&tc_q4_layer_kernel<FMT, 1>);
+  if (nt == 2) return run(&tc_q4_layer_kernel<FMT, 2>);
   return cudaErrorInvalidValue;
 }
 

@@ -39,6 +39,8 @@
 // on the token count, so a token's value is the same in any chunk (prefill == decode).
 #pragma once
 
+#include <type_traits>
+
 #include "device_util.cuh"
 
 namespace strata_cuda {
@@ -57,15 +59,30 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
 // operand's producer; wait_inputs(), called by every warp of the block): with a dependent launch they load
 // while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s): the next batch into a
 // buffer; first(): what the first batch needs besides (its B values); run(w, s, last).
-template <class W, class LoadW, class Wait, class First, class Run>
+// primed (0..2): the first batches already sit in wa (and wb), loaded by the tile before on this block (the
+// persistent layer kernel); skip_w() advances the pointers past one of them instead. near_end(): called once
+// as the last two batches begin (the layer kernel takes its next ticket there).
+template <class W, class LoadW, class SkipW, class Wait, class First, class Run, class NearEnd>
 __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2], float4 (&sb)[2], LoadW&& load_w,
-                                            Wait&& wait_inputs, First&& first, Run&& run) {
-  if (nb > 0) load_w(wa, sa);
-  if (nb > 1) load_w(wb, sb);
+                                            SkipW&& skip_w, int primed, Wait&& wait_inputs, First&& first,
+                                            Run&& run, NearEnd&& near_end) {
+  if (nb > 0) {
+    if (primed > 0)
+      skip_w();
+    else
+      load_w(wa, sa);
+  }
+  if (nb > 1) {
+    if (primed > 1)
+      skip_w();
+    else
+      load_w(wb, sb);
+  }
   wait_inputs();
   if (nb <= 0) return;
   first();
   for (int bi = 0; bi < nb; bi += 2) {
+    if (bi + 2 >= nb) near_end();
     if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
     run(wa, sa, bi + 1 == nb);
     if (bi + 1 < nb) {
@@ -75,53 +92,178 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
   }
 }
 
+// One warp's share of tile bx of a work item: its matrix, its two rows (g, g + 8 of its 16-row tile; rows past
+// the matrix clamped to the last, their results never stored) and its K slice of 64-column groups,
+// [g_first, n_groups), whole batches of U. Depends on the shape only. false: the tile is past the item's rows
+// (the whole block).
+// The block's 4 warps: kParts parts x KS K slices. gate/up: one 16-row tile, part = matrix (gate, up), 2
+// slices; linear: kTcLinearTiles 16-row tiles, part = tile.
+template <bool GATE_UP>
+struct TileShape {
+  static constexpr int kParts = GATE_UP ? 2 : kTcLinearTiles;
+  static constexpr int KS = kTcWarps / kParts;
+  static constexpr int U = 4;  // 64-column groups per load batch
+  static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
+};
+struct WarpSlice {
+  const DevMatrix* mat;
+  int m0, part, n_groups_all, g_first, n_groups;
+  int rows[2];
+};
+template <bool GATE_UP>
+__device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
+  using Sh = TileShape<GATE_UP>;
+  const int rows_out = it.w0.rows;
+  ws.part = warp / Sh::KS;
+  ws.m0 = bx * (GATE_UP ? kTcRowsPerBlock : Sh::kParts * kTcRowsPerBlock);
+  if (ws.m0 >= rows_out) return false;
+  ws.mat = GATE_UP && ws.part == 1 ? &it.w1 : &it.w0;
+  const int tb = GATE_UP ? ws.m0 : ws.m0 + 16 * ws.part;
+  ws.n_groups_all = it.w0.kp / kColPad;
+  const int slice = (ws.n_groups_all + Sh::KS * Sh::U - 1) / (Sh::KS * Sh::U) * Sh::U;
+  ws.g_first = imin((warp % Sh::KS) * slice, ws.n_groups_all);
+  ws.n_groups = imin(ws.g_first + slice, ws.n_groups_all);
+  ws.rows[0] = imin(tb + g, rows_out - 1);
+  ws.rows[1] = imin(tb + g + 8, rows_out - 1);
+  return true;
+}
+
+// A warp's weight stream over its slice: byte b of row rows[0] is at q4_row_byte(mat, rows[0], b) from the
+// data, row rows[1]'s w_d further (in tiles: 512); a 128-column unit (64 bytes of a row) is w_u bytes after the
+// previous (tiles: 1024). w0: the next load of thread q (columns 16q .. of the next group); s0: the next Q4_G64
+// scale of row rows[0] (row rows[1]'s s_d further), or the Q4_ROW row scale.
+struct WeightStream {
+  const uint8_t* w0;
+  const float* s0;
+  int32_t w_d, s_d;
+  int w_u;
+  bool scales_x4;  // a batch's U scales per row as one 16-byte load
+};
+template <bool kGrouped>
+__device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q) {
+  const DevMatrix& mat = *ws.mat;
+  WeightStream st;
+  const uint8_t* wbase = static_cast<const uint8_t*>(mat.data);
+  st.w_d = static_cast<int32_t>(q4_row_byte(mat, ws.rows[1], 0) - q4_row_byte(mat, ws.rows[0], 0));
+  st.w_u = mat.layout == kTiles ? 1024 : 64;
+  const float* sp[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    sp[rr] = mat.scales + (kGrouped ? static_cast<int64_t>(ws.rows[rr]) * ws.n_groups_all : ws.rows[rr]);
+  }
+  st.s0 = sp[0] + ws.g_first;
+  st.s_d = static_cast<int32_t>(sp[1] - sp[0]);
+  st.scales_x4 = (ws.n_groups_all & 3) == 0;
+  st.w0 = wbase + q4_row_byte(mat, ws.rows[0], q * 8 + ws.g_first * 32);
+  return st;
+}
+
+// The next batch's Q4_G64 scales (U per row) into sv; advances the stream.
+template <bool kGrouped>
+__device__ __forceinline__ void load_scales(float4 (&sv)[2], WeightStream& st) {
+  if (kGrouped) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float* sr = st.s0 + rr * st.s_d;
+      sv[rr] = st.scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
+                            : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
+    }
+    st.s0 += TileShape<true>::U;
+  }
+}
+
+// Exact mode: a row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
+__device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two) {
+  const uint2 lo = ld_stream_u2(p), hi = two ? ld_stream_u2(p + 32) : make_uint2(0u, 0u);
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+// Exact mode: the next batch (2 units of rows g, g + 8) and its scales; advances the stream.
+template <bool kGrouped>
+__device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    wv[u][0] = ld_unit_row(st.w0 + st.w_u * u, true);
+    wv[u][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * u, true);
+  }
+  st.w0 += st.w_u * 2;
+  load_scales<kGrouped>(sv, st);
+}
+template <bool kGrouped>
+__device__ __forceinline__ void skip_i8_batch(WeightStream& st) {
+  st.w0 += st.w_u * 2;
+  if (kGrouped) st.s0 += TileShape<true>::U;
+}
+
+// The exact-mode weight registers of a warp: two batches (see run_batches). The persistent layer kernel keeps
+// them across tiles, so a block loads its next tile's first batches before its current tile's epilogue.
+struct I8Regs {
+  uint4 wa[2][2], wb[2][2];
+  float4 sa[2], sb[2];
+};
+// Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
+template <int FMT, bool GATE_UP>
+__device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  WarpSlice ws;
+  if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return 0;
+  constexpr bool kGrouped = FMT == kQ4G64;
+  WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
+  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
+  if (nb > 0) load_i8_batch<kGrouped>(r.wa, r.sa, st);
+  if (nb > 1) load_i8_batch<kGrouped>(r.wb, r.sb, st);
+  return imin(nb, 2);
+}
+
+// What a tile does for the launch around it beyond its own work (the persistent layer kernel; NoCarry: nothing).
+// kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already; near_end()
+// as the last two batches begin; before_stage() before the epilogue's shared-memory staging; refill() right
+// after its barrier (the next tile's first loads, while this one's epilogue runs).
+struct NoCarry {
+  static constexpr bool kOn = false;
+  __device__ __forceinline__ int primed() const { return 0; }
+  __device__ __forceinline__ void near_end() {}
+  __device__ __forceinline__ void before_stage() {}
+  __device__ __forceinline__ void refill() {}
+};
+template <class Carry>
+__device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
+  if constexpr (std::decay_t<Carry>::kOn) {
+    (void)own;
+    return carry.regs();
+  } else {
+    (void)carry;
+    return own;
+  }
+}
+
 // One block's work: tile(s) bx of item `it`. wait_inputs() returns once the operand (and anything else an
 // earlier launch or block writes) may be read; every warp calls it once (block-uniformly: it may hold a
 // barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4).
-template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, class Wait>
-__device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs) {
+template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, class Wait, class Carry = NoCarry>
+__device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
   constexpr bool kI8 = S == kI8Splits;
+  static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  // The block's 4 warps: kParts parts x KS K slices. gate/up: one 16-row tile, part = matrix (gate, up), 2
-  // slices; linear: kTcLinearTiles 16-row tiles, part = tile.
-  constexpr int kParts = GATE_UP ? 2 : kTcLinearTiles;
-  constexpr int KS = kTcWarps / kParts;
-  static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
-  constexpr int U = 4;                 // 64-column groups per load batch
+  constexpr int kParts = TileShape<GATE_UP>::kParts;
+  constexpr int KS = TileShape<GATE_UP>::KS;
+  constexpr int U = TileShape<GATE_UP>::U;
   constexpr bool kGrouped = FMT == kQ4G64;
 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
-  const int part = warp / KS;
-  const int m0 = bx * (GATE_UP ? kTcRowsPerBlock : kParts * kTcRowsPerBlock);
-  if (m0 >= rows_out) return;  // the whole block (m0 depends on the block only)
-  const DevMatrix& mat = GATE_UP && part == 1 ? it.w1 : it.w0;  // this warp's matrix
-  const int tb = GATE_UP ? m0 : m0 + 16 * part;                  // and tile
+  WarpSlice ws;
+  if (!warp_slice<GATE_UP>(it, bx, warp, g, ws)) return;  // the whole block (m0 depends on the block only)
+  const int m0 = ws.m0;
   const int kp = it.w0.kp;
-  const int n_groups_all = kp / kColPad;
-  // This warp's slice of the groups: [g_first, n_groups), whole batches of U (depends on the shape only).
-  const int slice = (n_groups_all + KS * U - 1) / (KS * U) * U;
-  const int g_first = imin((warp % KS) * slice, n_groups_all);
-  const int n_groups = imin(g_first + slice, n_groups_all);
-  // Rows past the matrix read the last row (valid memory); their results are never stored.
-  const int rows[2] = {imin(tb + g, rows_out - 1), imin(tb + g + 8, rows_out - 1)};
-
-  // Weights: byte b of row rows[0] is at wbase + q4_row_byte(mat, rows[0], b), row rows[1]'s w_d further (in
-  // tiles: 512); a 128-column unit (64 bytes of a row) is w_u bytes after the previous (tiles: 1024).
-  const uint8_t* wbase = static_cast<const uint8_t*>(mat.data);
-  const int32_t w_d = static_cast<int32_t>(q4_row_byte(mat, rows[1], 0) - q4_row_byte(mat, rows[0], 0));
-  const int w_u = mat.layout == kTiles ? 1024 : 64;
-  const float* sp[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    sp[rr] = mat.scales + (kGrouped ? static_cast<int64_t>(rows[rr]) * n_groups_all : rows[rr]);
-  }
+  const int n_groups_all = ws.n_groups_all;
+  const int g_first = ws.g_first, n_groups = ws.n_groups;
+  WeightStream st = weight_stream<kGrouped>(ws, q);
   // This thread's B column is g of each n-tile.
   constexpr int kElem = kI8 ? 1 : 2;  // bytes per operand element
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g) * kp * kElem;
@@ -152,9 +294,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // scales per row as one 16-byte load when the row's group count allows it.
   const int n_mine = n_groups - g_first;  // g_first is a multiple of U
   const int nb = n_mine / U;              // whole batches
-  const float* s0 = sp[0] + g_first;
-  const int32_t s_d = static_cast<int32_t>(sp[1] - sp[0]);
-  const bool scales_x4 = (n_groups_all & 3) == 0;
   // One 16-byte B load of n-tile t (k-steps 2h, 2h + 1) at p; zeros for a column past the tokens. fetch_b:
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
@@ -170,17 +309,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
     }
   };
-  auto load_s = [&](float4 (&sv)[2]) {  // the next batch's scales
-    if (kGrouped) {
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const float* sr = s0 + rr * s_d;
-        sv[rr] = scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
-                           : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
-      }
-      s0 += U;
-    }
-  };
   if constexpr (kI8) {
     // int8: units of two groups (128 columns, 64 bytes of a row). Thread q reads 8 bytes of each of its rows
     // from each group of the unit: columns 16q .. 16q + 15 of the group (row bytes 8q .. and 32 + 8q ..), as a
@@ -188,7 +316,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // nibbles k-slots 4q.., odd ones 16 + 4q.. (the operand's B bytes are in that order: i8_pos, thread q's 32
     // bytes of a unit at 32q, the first 16 its group-0 k-steps, the next 16 its group-1 ones). So every mma
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
-    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 8 + g_first * 32);
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
     constexpr int UN = U / 2;  // units per batch
@@ -228,20 +355,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    // A row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
-    auto ld_unit_row = [](const uint8_t* p, bool two) {
-      const uint2 lo = ld_stream_u2(p), hi = two ? ld_stream_u2(p + 32) : make_uint2(0u, 0u);
-      return make_uint4(lo.x, lo.y, hi.x, hi.y);
-    };
-    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {  // the next batch's weights and scales
-#pragma unroll
-      for (int u = 0; u < UN; ++u) {
-        wv[u][0] = ld_unit_row(w0 + w_u * u, true);
-        wv[u][1] = ld_unit_row(w0 + w_d + w_u * u, true);
-      }
-      w0 += w_u * UN;
-      load_s(sv);
-    };
+    // The next batch's weights and scales.
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped>(wv, sv, st); };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
@@ -275,24 +390,30 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
-    uint4 wa[UN][2], wb[UN][2];
-    float4 sa[2] = {}, sb[2] = {};
+    // The weight registers: the carry's (the persistent layer kernel: its first batches may be loaded) or own.
+    I8Regs own;
+    I8Regs& R = pick_regs(carry, own);
+    if constexpr (!std::decay_t<Carry>::kOn) {
+      R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     run_batches(
-        nb, wa, wb, sa, sb, load_w, wait_inputs,
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped>(st); }, carry.primed(), wait_inputs,
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
-        run_batch);
+        run_batch, [&] { carry.near_end(); });
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
-      const uint4 w[2] = {ld_unit_row(w0, two), ld_unit_row(w0 + w_d, two)};
-      w0 += w_u;
+      const uint4 w[2] = {ld_unit_row(st.w0, two), ld_unit_row(st.w0 + st.w_d, two)};
+      st.w0 += st.w_u;
+      const float* s0 = st.s0;
+      const int32_t s_d = st.s_d;
       const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
-      s0 += 2;
+      st.s0 += 2;
       const uint8_t* bu = two ? bnext : bnext - 16 * q;
       uint4 bt[NT][2];
       float mt[NT][2];
@@ -315,7 +436,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // warp). Pointers advance per load; no bounds checks inside a batch.
     // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
     // Group u of a batch is at (u / 2) w_u + (u % 2) 32 (its unit, then its half).
-    const uint8_t* w0 = wbase + q4_row_byte(mat, rows[0], q * 8 + g_first * 32);  // columns 16q .. 16q + 15
+    const uint8_t* w0 = st.w0;  // columns 16q .. 16q + 15
+    const int w_u = st.w_u;
+    const int32_t w_d = st.w_d;
     const uint8_t* bnext = bp + (q * 16 + static_cast<int64_t>(g_first) * kColPad) * kElem;
     // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t for k-steps
     // 2h, 2h + 1: registers loaded ahead, or a load). Reduced from zero, then added with the group's scale.
@@ -361,7 +484,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
       }
       w0 += w_u * (U / 2);
-      load_s(sv);
+      load_scales<kGrouped>(sv, st);
     };
     // The next group's B values (kept in bv, or only their address noted in b_at); advances the pointer.
     const uint8_t* b_at = bnext;
@@ -397,17 +520,17 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     uint2 wa[U][2], wb[U][2];
     float4 sa[2] = {}, sb[2] = {};
     run_batches(
-        nb, wa, wb, sa, sb, load_w, wait_inputs,
+        nb, wa, wb, sa, sb, load_w, [] {}, 0, wait_inputs,
         [&] {
           if (kAheadB) load_b(bc);
         },
-        run_batch);
+        run_batch, [] {});
     for (int r = nb * U; r < n_mine; ++r) {
       const int j = r - nb * U;  // within the last, partial batch
       const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;
       const uint2 w[2] = {ld_stream_u2(wr), ld_stream_u2(wr + w_d)};
-      const float sg = kGrouped ? __ldg(s0) : 0.0f, sh = kGrouped ? __ldg(s0 + s_d) : 0.0f;
-      ++s0;
+      const float sg = kGrouped ? __ldg(st.s0) : 0.0f, sh = kGrouped ? __ldg(st.s0 + st.s_d) : 0.0f;
+      ++st.s0;
       load_b(bc);
       mma_group(w, sg, sh, from_c);
     }
@@ -418,6 +541,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // planes (int8) and is stored.
   constexpr int kCols = NT * 8 + 1;
   __shared__ float stage[kTcWarps][16][kCols];
+  carry.before_stage();
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     stage[warp][g][t * 8 + 2 * q] = acc[t][0];
@@ -426,6 +550,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     stage[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
   }
   __syncthreads();
+  carry.refill();
   // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K.
   auto total = [&](int m, int i, int c) {
     float v = stage[m * KS][i][c];
