@@ -251,26 +251,32 @@ int main(int argc, char** argv) {
                  layer_bytes / 1e6, peak);
       // copy: the device-to-device copy's read + write rate. queued: the same launches queued behind a
       // spinning kernel, so that the host's submission of them is not timed.
-      fmt::print("{:<30} {:>5} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n", "kernels", "rows", "median us",
+      fmt::print("{:<31} {:>5} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10}\n", "kernels", "rows", "median us",
                  "GB/s", "% of 4.8TB", "% of copy", "queued us", "% of 4.8TB");
       struct Variant {
         const char* name;
         int gemv_max_rows;
-        bool simt, pdl, tiles, layer;
+        bool simt, pdl, tiles, layer, persistent;
         int max_rows;
       };
-      const Variant variants[] = {{"gemv f32 (exact, opt-in)", -1, false, true, false, true, 8},
-                                  {"tensor cores, exact (default)", 0, false, true, true, true, 8},
-                                  {"tensor cores, exact, 2 passes", 0, false, true, true, false, 2},
-                                  {"tensor cores, exact, no PDL", 0, false, false, true, true, 2},
-                                  {"tensor cores, exact, rows", 0, false, true, false, true, 2},
-                                  {"SIMT f32", -1, true, true, false, true, 4}};
+      // "persistent": the layer kernel's persistent mode (STRATA_CUDA_LAYER_PERSISTENT), A/B in every run.
+      const bool persistent_default = b.settings().layer_persistent;
+      const Variant variants[] = {
+          {"gemv f32 (exact, opt-in)", -1, false, true, false, true, persistent_default, 8},
+          {"tensor cores, exact (default)", 0, false, true, true, true, persistent_default, 8},
+          {persistent_default ? "tensor cores, exact, tile/block" : "tensor cores, exact, persistent", 0, false,
+           true, true, true, !persistent_default, 8},
+          {"tensor cores, exact, 2 passes", 0, false, true, true, false, persistent_default, 2},
+          {"tensor cores, exact, no PDL", 0, false, false, true, true, persistent_default, 2},
+          {"tensor cores, exact, rows", 0, false, true, false, true, persistent_default, 2},
+          {"SIMT f32", -1, true, true, false, true, persistent_default, 4}};
       for (const Variant& v : variants) {
         const Pool& vp = v.tiles ? pool : pool_rows;
         b.settings().gemv_max_rows = v.gemv_max_rows;
         b.settings().force_simt = v.simt;
         b.settings().pdl = v.pdl;
         b.settings().layer_kernel = v.layer;
+        b.settings().layer_persistent = v.persistent;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
             continue;  // A/B rows: full runs only
@@ -291,13 +297,14 @@ int main(int argc, char** argv) {
           const double qms = time_groups(b, gs, x, rows, H, rounds, 100);
           const double gbs = layer_bytes / (ms * 1e-3) / 1e9;
           const double qgbs = layer_bytes / (qms * 1e-3) / 1e9;
-          fmt::print("{:<30} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name,
+          fmt::print("{:<31} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name,
                      rows, ms * 1e3, gbs, 100 * gbs / peak, copy > 0 ? 100 * gbs / copy : 0.0, qms * 1e3,
                      100 * qgbs / peak);
         }
       }
       b.settings().pdl = true;
       b.settings().layer_kernel = true;
+      b.settings().layer_persistent = persistent_default;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

@@ -5,9 +5,11 @@
 #   There:  run(command="VARIANTS='STRATA_CUDA_LAYER_ENCODE=2 STRATA_CUDA_LAYER_ENCODE=0' tools/device/layer_ab.sh",
 #               carry=["build-cuda/bundle"])
 # VARIANTS: space-separated environment settings (one per variant; "-" for none; several settings of one
-# variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda); PASSES (2): how often the list is run through; BENCH_ARGS (--layer --quick
-# --rounds 5); TESTS=1 runs test_cuda first. Writes under $OUT: summary.txt (the 1-8 row "queued" figures of
-# the exact tensor cores per pass and variant) and logs.tgz (test_cuda.log and every bench log).
+# variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda); PASSES (2): how
+# often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
+# under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant;
+# "[persistent]": bench_cuda's row of the layer kernel's other mode, measured in the same process) and
+# logs.tgz (test_cuda.log and every bench log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 bundle=${BUNDLE:-build-cuda/bundle}
@@ -40,7 +42,8 @@ for pass in $(seq 1 "${PASSES:-2}"); do
     timeout 240 env "${envs[@]}" "$bundle/bin/$prog" ${BENCH_ARGS:---layer --quick --rounds 5} > "$out/$log" 2>&1
     rc=$?
     took=$((SECONDS - start))
-    q=$(awk '/^tensor cores, exact/ && $(NF-6) <= 8 {printf "%s rows %s us (%s) ", $(NF-6), $(NF-1), $NF}' "$out/$log")
+    q=$(awk '/^tensor cores, exact/ && $(NF-6) <= 8 {
+               printf "%s%s rows %s us (%s) ", (/persistent|tile\/block/ ? "[" $4 "] " : ""), $(NF-6), $(NF-1), $NF}' "$out/$log")
     note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q"
     logs+=("$log")
   done
