@@ -51,10 +51,10 @@ struct LayerCarry {
   static constexpr bool kOn = true;
   const LayerWork& lw;
   I8Regs& r;
-  int& primed_;     // batches of the current tile already in r
-  int* s_next;      // shared: the next ticket
-  int next = -1;    // thread 0: the next ticket, once taken
-  int next_all;      // every thread, after refill: the next ticket
+  int& primed_;   // batches of the current tile already in r
+  int* s_next;    // shared: the next ticket
+  int next = -1;  // thread 0: the next ticket, once taken
+  int next_all;   // every thread, after refill: the next ticket (past the last one: none)
   __device__ __forceinline__ I8Regs& regs() { return r; }
   __device__ __forceinline__ int primed() const { return primed_; }
   __device__ __forceinline__ void near_end() {
