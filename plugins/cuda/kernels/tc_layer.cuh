@@ -61,13 +61,18 @@ struct LayerCarry {
     if (lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
   }
   __device__ __forceinline__ void before_stage() {
-    near_end();  // (a tile with no whole batch never reached it)
+    near_end();  // (a tile with no whole batch, or skipped, never reached it)
     if (lw.persistent && threadIdx.x == 0) *s_next = next;
   }
   __device__ __forceinline__ void refill() {
     if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
     next_all = *s_next;
     primed_ = prime_layer_tile<FMT>(lw, next_all, r);
+  }
+  __device__ __forceinline__ void skip() {  // a tile past its item's rows (a narrower item than the widest)
+    before_stage();  // (near_end was never reached)
+    __syncthreads();
+    refill();
   }
 };
 
@@ -94,14 +99,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      const WorkItem& it = lw.items[i];
-      if (bx * kTcRowsPerBlock < it.w0.rows) {
-        tc_q4_tile<FMT, kI8Splits, NT, true>(it, bx, [] { grid_dep_wait(); }, carry);
-      } else {
-        carry.before_stage();  // a tile past this item's rows (a narrower item than the widest)
-        __syncthreads();
-        carry.refill();
-      }
+      tc_q4_tile<FMT, kI8Splits, NT, true>(lw.items[i], bx, [] { grid_dep_wait(); }, carry);
       __threadfence();  // this thread's h, before the count
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -122,24 +120,17 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
       }
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
-      const WorkItem& it = lw.items[lw.n_items + i];
-      if (bx * kTcLinearTiles * kTcRowsPerBlock < it.w0.rows) {
-        const int need = lw.dn_jobs[i].kp / kColPad;
-        tc_q4_tile<FMT, kI8Splits, NT, false, true>(
-            it, bx,
-            [&] {
-              grid_dep_wait();
-              if (threadIdx.x == 0) {
-                while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
-              }
-              __syncthreads();
-            },
-            carry);
-      } else {
-        carry.before_stage();
-        __syncthreads();
-        carry.refill();
-      }
+      const int need = lw.dn_jobs[i].kp / kColPad;
+      tc_q4_tile<FMT, kI8Splits, NT, false, true>(
+          lw.items[lw.n_items + i], bx,
+          [&] {
+            grid_dep_wait();
+            if (threadIdx.x == 0) {
+              while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
+            }
+            __syncthreads();
+          },
+          carry);
     }
     t = carry.next_all;
   }

@@ -158,9 +158,9 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
   return st;
 }
 
-// The next batch's Q4_G64 scales (U per row) into sv; advances the stream.
+// The next batch's Q4_G64 scales (U per row) into sv; peek_scales leaves the stream where it is.
 template <bool kGrouped>
-__device__ __forceinline__ void load_scales(float4 (&sv)[2], WeightStream& st) {
+__device__ __forceinline__ void peek_scales(float4 (&sv)[2], const WeightStream& st) {
   if (kGrouped) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -168,8 +168,12 @@ __device__ __forceinline__ void load_scales(float4 (&sv)[2], WeightStream& st) {
       sv[rr] = st.scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
     }
-    st.s0 += TileShape<true>::U;
   }
+}
+template <bool kGrouped>
+__device__ __forceinline__ void load_scales(float4 (&sv)[2], WeightStream& st) {
+  peek_scales<kGrouped>(sv, st);
+  if (kGrouped) st.s0 += TileShape<true>::U;
 }
 
 // Exact mode: a row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
@@ -177,7 +181,13 @@ __device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two) {
   const uint2 lo = ld_stream_u2(p), hi = two ? ld_stream_u2(p + 32) : make_uint2(0u, 0u);
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
-// Exact mode: the next batch (2 units of rows g, g + 8) and its scales; advances the stream.
+// Exact mode: skip_i8_batch advances the stream past a batch (2 units of rows g, g + 8, and their scales);
+// load_i8_batch loads it first.
+template <bool kGrouped>
+__device__ __forceinline__ void skip_i8_batch(WeightStream& st) {
+  st.w0 += st.w_u * 2;
+  if (kGrouped) st.s0 += TileShape<true>::U;
+}
 template <bool kGrouped>
 __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
 #pragma unroll
@@ -185,13 +195,8 @@ __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2]
     wv[u][0] = ld_unit_row(st.w0 + st.w_u * u, true);
     wv[u][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * u, true);
   }
-  st.w0 += st.w_u * 2;
-  load_scales<kGrouped>(sv, st);
-}
-template <bool kGrouped>
-__device__ __forceinline__ void skip_i8_batch(WeightStream& st) {
-  st.w0 += st.w_u * 2;
-  if (kGrouped) st.s0 += TileShape<true>::U;
+  peek_scales<kGrouped>(sv, st);
+  skip_i8_batch<kGrouped>(st);
 }
 
 // The exact-mode weight registers of a warp: two batches (see run_batches). The persistent layer kernel keeps
@@ -217,13 +222,15 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 // What a tile does for the launch around it beyond its own work (the persistent layer kernel; NoCarry: nothing).
 // kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already; near_end()
 // as the last two batches begin; before_stage() before the epilogue's shared-memory staging; refill() right
-// after its barrier (the next tile's first loads, while this one's epilogue runs).
+// after its barrier (the next tile's first loads, while this one's epilogue runs); skip() instead of all of
+// these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
   __device__ __forceinline__ void refill() {}
+  __device__ __forceinline__ void skip() {}
 };
 template <class Carry>
 __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
@@ -258,7 +265,10 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP>(it, bx, warp, g, ws)) return;  // the whole block (m0 depends on the block only)
+  if (!warp_slice<GATE_UP>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
+    carry.skip();
+    return;
+  }
   const int m0 = ws.m0;
   const int kp = it.w0.kp;
   const int n_groups_all = ws.n_groups_all;
