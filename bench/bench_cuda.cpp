@@ -202,8 +202,9 @@ int main(int argc, char** argv) {
   bool layer_only = false;
   app.add_flag("--layer", layer_only, "only the GLM-5.2 decode layer's kernels (suite 2; for A/B runs)");
   int layer_experts = 8;
-  app.add_option("--layer-experts", layer_experts,
-                 "experts per group in suite 2 (8: a GLM-5.2 layer; more: what one launch's ramp and tail cost)")
+  app.add_option(
+         "--layer-experts", layer_experts,
+         "experts per group in suite 2 (8: a GLM-5.2 layer; more: what one launch's ramp and tail cost)")
       ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
 
@@ -256,20 +257,24 @@ int main(int argc, char** argv) {
       struct Variant {
         const char* name;
         int gemv_max_rows;
-        bool simt, pdl, tiles, layer, persistent;
-        int max_rows;
+        bool simt, pdl, tiles, layer, persistent, lean;
+        int min_rows, max_rows;
       };
-      // "persistent": the layer kernel's persistent mode (STRATA_CUDA_LAYER_PERSISTENT), A/B in every run.
-      const bool persistent_default = b.settings().layer_persistent;
+      // "persistent": the layer kernel's persistent mode (STRATA_CUDA_LAYER_PERSISTENT), A/B in every run;
+      // "lean": its 2-n-tile instance at 4 blocks per SM (STRATA_CUDA_LAYER_LEAN; 3-4 rows), also A/B.
+      const bool persistent_default = b.settings().layer_persistent, lean_default = b.settings().layer_lean;
+      const bool pd = persistent_default, ld = lean_default;
       const Variant variants[] = {
-          {"gemv f32 (exact, opt-in)", -1, false, true, false, true, persistent_default, 8},
-          {"tensor cores, exact (default)", 0, false, true, true, true, persistent_default, 8},
-          {persistent_default ? "tensor cores, exact, tile/block" : "tensor cores, exact, persistent", 0, false,
-           true, true, true, !persistent_default, 8},
-          {"tensor cores, exact, 2 passes", 0, false, true, true, false, persistent_default, 2},
-          {"tensor cores, exact, no PDL", 0, false, false, true, true, persistent_default, 2},
-          {"tensor cores, exact, rows", 0, false, true, false, true, persistent_default, 2},
-          {"SIMT f32", -1, true, true, false, true, persistent_default, 4}};
+          {"gemv f32 (exact, opt-in)", -1, false, true, false, true, pd, ld, 1, 8},
+          {"tensor cores, exact (default)", 0, false, true, true, true, pd, ld, 1, 8},
+          {pd ? "tensor cores, exact, tile/block" : "tensor cores, exact, persistent", 0, false, true, true,
+           true, !pd, ld, 1, 8},
+          {ld ? "tensor cores, exact, 3/SM" : "tensor cores, exact, lean 4/SM", 0, false, true, true, true,
+           pd, !ld, 3, 4},
+          {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
+          {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
+          {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
+          {"SIMT f32", -1, true, true, false, true, pd, ld, 1, 4}};
       for (const Variant& v : variants) {
         const Pool& vp = v.tiles ? pool : pool_rows;
         b.settings().gemv_max_rows = v.gemv_max_rows;
@@ -277,8 +282,9 @@ int main(int argc, char** argv) {
         b.settings().pdl = v.pdl;
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
+        b.settings().layer_lean = v.lean;
         for (int rows : {1, 2, 3, 4, 8}) {
-          if (rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
+          if (rows < v.min_rows || rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
             continue;  // A/B rows: full runs only
           std::vector<float> x(static_cast<size_t>(rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -305,6 +311,7 @@ int main(int argc, char** argv) {
       b.settings().pdl = true;
       b.settings().layer_kernel = true;
       b.settings().layer_persistent = persistent_default;
+      b.settings().layer_lean = lean_default;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

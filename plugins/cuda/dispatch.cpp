@@ -385,6 +385,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
     settings_.layer_persistent = std::strcmp(v, "0") != 0;
   }
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) settings_.layer_lean = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1055,7 +1056,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
 #if !defined(STRATA_CUDA_EMULATE)
 // What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
 // same slot (same `dev`), the same kernels run with the same arguments.
-static std::string launch_signature(const Plan& p, bool pdl, bool persistent) {
+static std::string launch_signature(const Plan& p, bool pdl, bool persistent, bool lean) {
   std::string k;
   auto put = [&](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(pdl);
@@ -1066,6 +1067,7 @@ static std::string launch_signature(const Plan& p, bool pdl, bool persistent) {
   put(p.first_down_launch);
   put(p.layer);
   put(p.layer && persistent);  // (the layer kernel's grid: a block per tile, or what the device holds)
+  put(p.layer && lean);        // (its 2-n-tile instance)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1098,7 +1100,8 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
   (void)p;
   return false;
 #else
-  const std::string key = launch_signature(p, settings_.pdl, settings_.layer_persistent);
+  const std::string key =
+      launch_signature(p, settings_.pdl, settings_.layer_persistent, settings_.layer_lean);
   auto it = s.graphs.find(key);
   if (it == s.graphs.end()) {
     if (s.graphs.size() >= kMaxGraphs) {
@@ -1167,8 +1170,9 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
     lw.persistent = settings_.layer_persistent ? 1 : 0;
-    const cudaError_t e =
-        gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lw, on) : launch_layer_q4row_tc(gu.nt, lw, on);
+    const bool lean = settings_.layer_lean;
+    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
+                                             : launch_layer_q4row_tc(gu.nt, lean, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
                      std::to_string(gu.n_items) + " experts)");
     return;
@@ -1406,7 +1410,8 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     for (int i = 0; i < iters; ++i) {
       // A relaunch without staging: the layer kernel's counters cleared again, before the timed span.
       if (p.layer && i > 0) {
-        STRATA_CK(cudaMemsetAsync(s->dev + p.sync_off, 0, p.sync_bytes, s->stream), "clearing the layer counters");
+        STRATA_CK(cudaMemsetAsync(s->dev + p.sync_off, 0, p.sync_bytes, s->stream),
+                  "clearing the layer counters");
       }
       STRATA_CK(launch_hold(hold_us, s->stream), "launch of the hold kernel");
       STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");

@@ -813,8 +813,9 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
 // separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats, odd
 // shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8 experts
 // of the same row (as at decode); several threads with layer kernels in flight at once on one device.
-static void gpu_case_layer(const PluginRecord* rec, const char* persistent) {
-  auto layer = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_PERSISTENT", persistent);
+// The layer kernel's mode: its environment setting (var=value).
+static void gpu_case_layer(const PluginRecord* rec, const char* var, const char* value) {
+  auto layer = make_cuda_with_env(*rec, var, value);
   auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
   auto ref = cpu_reference();
   std::mt19937 rng(2027);
@@ -908,12 +909,15 @@ static void gpu_case_layer(const PluginRecord* rec, const char* persistent) {
 TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up, preparation and down launches") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
-    // A block per tile, and persistent blocks taking tiles in turn (each loading its next tile's first
-    // weights before its current tile's epilogue).
-    for (const char* persistent : {"0", "1"}) {
-      const std::string mode = std::string("STRATA_CUDA_LAYER_PERSISTENT=") + persistent;
+    // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
+    // before its current tile's epilogue); the lean 2-n-tile instance (B values loaded at use, 4 blocks/SM).
+    const std::pair<const char*, const char*> modes[] = {{"STRATA_CUDA_LAYER_PERSISTENT", "0"},
+                                                         {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
+                                                         {"STRATA_CUDA_LAYER_LEAN", "1"}};
+    for (const auto& [var, value] : modes) {
+      const std::string mode = std::string(var) + "=" + value;
       CAPTURE(mode);
-      gpu_case_layer(rec, persistent);
+      gpu_case_layer(rec, var, value);
     }
   }
 }

@@ -79,9 +79,14 @@ struct LayerCarry {
 // lw.persistent: a launch of at most as many blocks as fit on the device at once; each block takes tickets until
 // they run out (the first before its first tile, each next one near the end of the tile before). Otherwise a
 // block per tile, each taking one ticket.
-template <int FMT, int NT>
-__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true))
+// LEAN (2 n-tiles only): 4 blocks per SM, as with 1 n-tile, in 128 registers (no spills on sm_90) by loading
+// each unit's B values just before its k-steps instead of one unit ahead (168 registers, 3 blocks per SM).
+// Same arithmetic in the same order, so the same bits.
+template <int FMT, int NT, bool LEAN = false>
+__global__ void __launch_bounds__(kTcWarps * 32, LEAN ? 4 : tc_min_blocks(kI8Splits, NT, true))
     tc_q4_layer_kernel(LayerWork lw) {
+  static_assert(!LEAN || NT == 2, "the lean instance is the 2-n-tile one");
+  constexpr bool kAheadB = !LEAN;
   grid_dep_launch();
   __shared__ int s_ticket, s_last;
   const int n_gu = lw.n_items * lw.gu_tiles;
@@ -99,7 +104,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true>(lw.items[i], bx, [] { grid_dep_wait(); }, carry);
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(lw.items[i], bx, [] { grid_dep_wait(); }, carry);
       __threadfence();  // this thread's h, before the count
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      tc_q4_tile<FMT, kI8Splits, NT, false, true>(
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB>(
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
@@ -137,14 +142,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
 }
 
 // Blocks of the persistent layer kernel: as many as the device holds at once (at most one per tile).
-template <class K>
-int layer_blocks(K kernel, int tiles) {
+template <auto kernel>
+int layer_blocks(int tiles) {
 #if defined(STRATA_CUDA_EMULATE)
-  (void)kernel;
   return tiles < 3 ? tiles : 3;  // (blocks run one after another there: the first takes every ticket)
 #else
-  // Resident blocks on the current device (one kind of device per process); 0 when the query fails.
-  static const int per_device = [kernel] {
+  // Resident blocks of this instance on the current device (one kind of device per process; a query per
+  // instance, as their registers differ); 0 when the query fails.
+  static const int per_device = [] {
     int dev = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -158,17 +163,20 @@ int layer_blocks(K kernel, int tiles) {
 #endif
 }
 
-template <int FMT>
-cudaError_t launch_tc_q4_layer(int nt, const LayerWork& lw, const Queue& on) {
-  if (lw.n_items <= 0) return cudaSuccess;
+template <auto kernel>
+cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
-  const dim3 block(kTcWarps * 32);
-  auto run = [&](auto kernel) {
-    const int blocks = lw.persistent ? layer_blocks(kernel, tiles) : tiles;
-    return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), block, on, true, lw);
-  };
-  if (nt == 1) return run(&tc_q4_layer_kernel<FMT, 1>);
-  if (nt == 2) return run(&tc_q4_layer_kernel<FMT, 2>);
+  const int blocks = lw.persistent ? layer_blocks<kernel>(tiles) : tiles;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
+}
+
+// lean: the 2-n-tile instance at 4 blocks per SM (tc_q4_layer_kernel's LEAN); 1 n-tile has one instance.
+template <int FMT>
+cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
+  if (lw.n_items <= 0) return cudaSuccess;
+  if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
+  if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
+  if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);
   return cudaErrorInvalidValue;
 }
 

@@ -247,8 +247,10 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // earlier launch or block writes) may be read; every warp calls it once (block-uniformly: it may hold a
 // barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
-// path (ld_weak_u4).
-template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, class Wait, class Carry = NoCarry>
+// path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
+// registers (by default up to 2 n-tiles); without, just before their k-steps.
+template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), class Wait,
+          class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -299,7 +301,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const uint32_t magic = (kI8 ? 0x80808080u : 0x43004300u) | (static_cast<uint32_t>(it.n_tok) >> 31);
 
   // With 3 or more n-tiles a second set of B registers would spill: there B is loaded just before its k-steps.
-  constexpr bool kAheadB = NT <= 2;
+  constexpr bool kAheadB = AHEAD_B;
   // Q4_G64 scales of rows g, g + 8 from this warp's first group on (row g + 8's s_d further): a batch's U
   // scales per row as one 16-byte load when the row's group count allows it.
   const int n_mine = n_groups - g_first;  // g_first is a multiple of U
