@@ -659,9 +659,19 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     int task, start, n;
     MatRef gate, up, down;
     ClassKey gu, dn;
+    // Their classes' n-tile counts (gemv: token counts), once the classes are known.
+    int gu_nt = 0, dn_nt = 0;
+    // In the layout: the gate_up input operand, the region gate_up writes h to (h_bytes, cleared by the first
+    // preparation pass), and for an exact-mode down the operand encoded from that f32 h (else kNone).
+    uint64_t in_off = 0, h_off = 0, h_bytes = 0, dn_op_off = kNone;
   };
   std::vector<Chunk> chunks;
+  chunks.reserve(static_cast<size_t>(n_tasks));  // (one chunk per task but for long tasks)
   std::vector<uint64_t> task_rows_at(static_cast<size_t>(n_tasks), 0);
+  int64_t all_rows = 0;
+  for (int32_t t = 0; t < n_tasks; ++t) all_rows += std::max<int32_t>(tasks[t].n_rows, 0);
+  // (a malformed count is refused below; the cap keeps it from allocating first)
+  p.rows.reserve(static_cast<size_t>(std::min<int64_t>(all_rows, 1 << 20)));
   bool any_rows = false;
   for (int32_t t = 0; t < n_tasks; ++t) {
     const strata_expert_task& task = tasks[t];
@@ -715,19 +725,19 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   // Launch classes and their n-tile counts (gemv: the token count).
   ClassCounts gu_nt, dn_nt;
   for (const Chunk& c : chunks) {
-    if (c.gu.tc)
-      gu_nt[c.gu] = std::max(gu_nt[c.gu], nt_for(c.gu.splits, c.n));
-    else
-      gu_nt[c.gu] = c.gu.gemv_tok;
-    if (c.dn.tc)
-      dn_nt[c.dn] = std::max(dn_nt[c.dn], nt_for(c.dn.splits, c.n));
-    else
-      dn_nt[c.dn] = c.dn.gemv_tok;
+    int& g = gu_nt[c.gu];
+    g = c.gu.tc ? std::max(g, nt_for(c.gu.splits, c.n)) : c.gu.gemv_tok;
+    int& d = dn_nt[c.dn];
+    d = c.dn.tc ? std::max(d, nt_for(c.dn.splits, c.n)) : c.dn.gemv_tok;
   }
   for (auto* m : {&gu_nt, &dn_nt}) {
     for (auto& [k, nt] : *m) {
       if (k.tc && k.splits == 1 && nt == 3) nt = 4;
     }
+  }
+  for (Chunk& c : chunks) {
+    c.gu_nt = gu_nt[c.gu];
+    c.dn_nt = dn_nt[c.dn];
   }
 
   // Layout: head, then per chunk its gate_up input operand and h operand, then outputs (task order), then
@@ -747,37 +757,34 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.head_bytes = lay.cursor;
 
-  // Per chunk: its gate_up input operand, the region gate_up writes h to (h_off, cleared by the first
-  // preparation pass), and for an exact-mode down the operand encoded from that f32 h (dn_op_off).
+  // Per chunk: its operands and h (Chunk::in_off ..).
   const int64_t hp = padded_cols(hidden);
-  std::vector<uint64_t> in_off(chunks.size()), h_off(chunks.size()), h_bytes(chunks.size());
-  std::vector<uint64_t> dn_op_off(chunks.size(), kNone);
   int64_t max_prep = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& c = chunks[i];
+  for (Chunk& c : chunks) {
     const int64_t fp = padded_cols(c.gate.dm.rows);
-    const int64_t in_cols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
+    const int64_t in_cols = c.gu.tc ? 8 * c.gu_nt : c.n;
     const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
     const uint64_t in_bytes =
-        c.gu.tc ? tc_operand_bytes(c.gu.splits, gu_nt[c.gu], hp) : static_cast<uint64_t>(in_cols * in_ld) * 4;
+        c.gu.tc ? tc_operand_bytes(c.gu.splits, c.gu_nt, hp) : static_cast<uint64_t>(in_cols * in_ld) * 4;
     const bool dn_i8 = c.dn.tc && c.dn.splits == kI8Splits;
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
-    h_bytes[i] = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, dn_nt[c.dn], fp)
-                                   : static_cast<uint64_t>(c.n * h_ld) * 4;
-    in_off[i] = lay.take(in_bytes);
-    h_off[i] = lay.take(h_bytes[i]);
+    c.h_bytes = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, c.dn_nt, fp)
+                                  : static_cast<uint64_t>(c.n * h_ld) * 4;
+    c.in_off = lay.take(in_bytes);
+    c.h_off = lay.take(c.h_bytes);
     if (dn_i8) {
-      dn_op_off[i] = lay.take(tc_operand_bytes(kI8Splits, dn_nt[c.dn], fp));
-      max_prep = std::max(max_prep, prep_threads(kI8Splits, 8 * dn_nt[c.dn], fp));
+      c.dn_op_off = lay.take(tc_operand_bytes(kI8Splits, c.dn_nt, fp));
+      max_prep = std::max(max_prep, prep_threads(kI8Splits, 8 * c.dn_nt, fp));
     }
-    max_prep = std::max(
-        {max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(h_bytes[i] / 16)});
+    max_prep =
+        std::max({max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(c.h_bytes / 16)});
   }
   p.y_off = lay.cursor;
   std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
   // Direct writes: the device address of a task's rows in registered host memory.
   std::vector<float*> y_dev(static_cast<size_t>(n_tasks), nullptr);
   uint64_t y_cursor = 0;
+  p.outs.reserve(static_cast<size_t>(n_tasks));
   {
     std::lock_guard<std::mutex> lock(mu_);  // registered_
     for (int32_t t = 0; t < n_tasks; ++t) {
@@ -804,22 +811,24 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   p.prep_blocks = static_cast<int>(std::clamp<int64_t>((max_prep + 255) / 256, 1, 2048));
 
   // Items: gate_up items class by class, then down items class by class; one prep job per chunk.
+  p.items.reserve(2 * chunks.size());
+  p.jobs.reserve(2 * chunks.size());
+  p.launches.reserve(gu_nt.v.size() + dn_nt.v.size());
   auto emit = [&](bool gate_up) {
     const auto& nts = gate_up ? gu_nt : dn_nt;
     for (const auto& [key, nt] : nts) {
       LaunchSpec l{key.tc, key.dtype, gate_up, key.splits, nt, p.items.size(), 0, 0};
       int max_rows = 0;
-      for (size_t i = 0; i < chunks.size(); ++i) {
-        const Chunk& c = chunks[i];
+      for (const Chunk& c : chunks) {
         if (!((gate_up ? c.gu : c.dn) == key)) continue;
         ItemSpec it;
         it.n_tok = c.n;
         if (gate_up) {
           it.w0 = c.gate;
           it.w1 = c.up;
-          it.in_off = in_off[i];
+          it.in_off = c.in_off;
           it.in_splits = c.gu.splits;
-          it.h_off = h_off[i];
+          it.h_off = c.h_off;
           // The down operand's form (W4A16 bf16, SIMT f32 or gemv f32), or f32 to encode from (exact mode).
           it.h_splits = c.dn.splits == kI8Splits ? 0 : c.dn.splits;
           it.h_kp = static_cast<int>(padded_cols(c.gate.dm.rows));
@@ -827,7 +836,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
         } else {
           it.w0 = c.down;
           it.w1 = c.down;
-          it.in_off = dn_op_off[i] != kNone ? dn_op_off[i] : h_off[i];
+          it.in_off = c.dn_op_off != kNone ? c.dn_op_off : c.h_off;
           it.in_splits = c.dn.splits;
           it.y_off = p.y_off + y_task[static_cast<size_t>(c.task)] +
                      static_cast<uint64_t>(c.start) * static_cast<uint64_t>(hidden) * 4;
@@ -846,8 +855,7 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
   emit(true);
   p.first_down_launch = p.launches.size();
   emit(false);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& c = chunks[i];
+  for (const Chunk& c : chunks) {
     JobSpec j;
     j.rows_off =
         p.rows_off + (task_rows_at[static_cast<size_t>(c.task)] + static_cast<uint64_t>(c.start)) * 4;
@@ -857,27 +865,26 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
-    j.ncols = c.gu.tc ? 8 * gu_nt[c.gu] : c.n;
-    j.dst_off = in_off[i];
-    j.zero_off = h_off[i];
-    j.zero_bytes = static_cast<int64_t>(h_bytes[i]);
+    j.ncols = c.gu.tc ? 8 * c.gu_nt : c.n;
+    j.dst_off = c.in_off;
+    j.zero_off = c.h_off;
+    j.zero_bytes = static_cast<int64_t>(c.h_bytes);
     p.jobs.push_back(j);
   }
   p.n_jobs_first = p.jobs.size();
-  for (size_t i = 0; i < chunks.size(); ++i) {  // the exact-mode down operands, from gate_up's f32 h
-    const Chunk& c = chunks[i];
-    if (dn_op_off[i] == kNone) continue;
+  for (const Chunk& c : chunks) {  // the exact-mode down operands, from gate_up's f32 h
+    if (c.dn_op_off == kNone) continue;
     const int64_t fp = padded_cols(c.gate.dm.rows);
     JobSpec j;
-    j.src_off = h_off[i];
+    j.src_off = c.h_off;
     j.x_ld = fp;
     j.row0 = 0;
     j.n_tok = c.n;
     j.cols = static_cast<int>(fp);
     j.kp = static_cast<int>(fp);
     j.splits = kI8Splits;
-    j.ncols = 8 * dn_nt[c.dn];
-    j.dst_off = dn_op_off[i];
+    j.ncols = 8 * c.dn_nt;
+    j.dst_off = c.dn_op_off;
     p.jobs.push_back(j);
   }
   // One gate_up and one down launch, both exact tensor cores of one format with 1-2 n-tiles: the layer kernel
