@@ -261,7 +261,7 @@ int main(int argc, char** argv) {
         int min_rows, max_rows;
       };
       // "persistent": the layer kernel's persistent mode (STRATA_CUDA_LAYER_PERSISTENT), A/B in every run;
-      // "lean": its 2-n-tile instance at 4 blocks per SM (STRATA_CUDA_LAYER_LEAN; 3-4 rows), also A/B.
+      // "lean": its instances with one block more per SM (STRATA_CUDA_LAYER_LEAN), also A/B.
       const bool persistent_default = b.settings().layer_persistent, lean_default = b.settings().layer_lean;
       const bool pd = persistent_default, ld = lean_default;
       const Variant variants[] = {
@@ -269,8 +269,8 @@ int main(int argc, char** argv) {
           {"tensor cores, exact (default)", 0, false, true, true, true, pd, ld, 1, 8},
           {pd ? "tensor cores, exact, tile/block" : "tensor cores, exact, persistent", 0, false, true, true,
            true, !pd, ld, 1, 8},
-          {ld ? "tensor cores, exact, 3/SM" : "tensor cores, exact, lean 4/SM", 0, false, true, true, true,
-           pd, !ld, 3, 4},
+          {ld ? "tensor cores, exact, B-ahead" : "tensor cores, exact, lean", 0, false, true, true, true, pd,
+           !ld, 1, 4},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},

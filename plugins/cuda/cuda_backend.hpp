@@ -98,9 +98,9 @@ struct Settings {
   // block launch, a ticket, a work item or its first loads). Same results bit for bit. Off until measured
   // against one block per tile on a GPU (tools/device/layer_ab.sh). STRATA_CUDA_LAYER_PERSISTENT=1: on.
   bool layer_persistent = false;
-  // The layer kernel's 2-n-tile instance (3-4 rows per expert) at 4 blocks per SM like the 1-n-tile one (128
-  // registers: each unit's B values loaded just before its k-steps) instead of 3 (168 registers, B one unit
-  // ahead). Same results bit for bit. Off until measured on a GPU (tools/device/layer_ab.sh).
+  // The layer kernel with one block more per SM: each unit's B values loaded just before its k-steps instead
+  // of one unit ahead (1-2 rows per expert: 5 blocks in 96 registers instead of 4 in 128; 3-4 rows: 4 in 128
+  // instead of 3 in 168). Same results bit for bit. Off until measured on a GPU (tools/device/layer_ab.sh).
   // STRATA_CUDA_LAYER_LEAN=1: on.
   bool layer_lean = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).

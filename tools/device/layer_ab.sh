@@ -8,7 +8,8 @@
 # variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda); PASSES (2): how
 # often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant;
-# "[persistent]", "[lean]": bench_cuda's rows of the layer kernel's other modes, measured in the same process) and
+# "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default): bench_cuda's rows of the
+# layer kernel's other modes, measured in the same process) and
 # logs.tgz (test_cuda.log and every bench log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,7 +44,7 @@ for pass in $(seq 1 "${PASSES:-2}"); do
     rc=$?
     took=$((SECONDS - start))
     q=$(awk '/^tensor cores, exact/ && $(NF-6) <= 8 {
-               printf "%s%s rows %s us (%s) ", (/persistent|tile\/block|lean|3\/SM/ ? "[" $4 "] " : ""), $(NF-6), $(NF-1), $NF}' "$out/$log")
+               printf "%s%s rows %s us (%s) ", (/persistent|tile\/block|lean|B-ahead/ ? "[" $4 "] " : ""), $(NF-6), $(NF-1), $NF}' "$out/$log")
     note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q"
     logs+=("$log")
   done

@@ -1,5 +1,5 @@
 // The layer kernel (gate/up and down tiles of an expert group in one launch, exact mode) for Q4_G64 experts;
-// instances with 1 and 2 n-tiles (up to 4 tokens per expert; 2 n-tiles also lean). See tc_layer.cuh.
+// instances with 1 and 2 n-tiles (up to 4 tokens per expert), each also lean. See tc_layer.cuh.
 #include "tc_layer.cuh"
 
 namespace strata_cuda {

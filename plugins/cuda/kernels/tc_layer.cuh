@@ -79,13 +79,12 @@ struct LayerCarry {
 // lw.persistent: a launch of at most as many blocks as fit on the device at once; each block takes tickets until
 // they run out (the first before its first tile, each next one near the end of the tile before). Otherwise a
 // block per tile, each taking one ticket.
-// LEAN (2 n-tiles only): 4 blocks per SM, as with 1 n-tile, in 128 registers (no spills on sm_90) by loading
-// each unit's B values just before its k-steps instead of one unit ahead (168 registers, 3 blocks per SM).
-// Same arithmetic in the same order, so the same bits.
+// LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
+// ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
+// instead of 3 in 168). Same arithmetic in the same order, so the same bits.
 template <int FMT, int NT, bool LEAN = false>
-__global__ void __launch_bounds__(kTcWarps * 32, LEAN ? 4 : tc_min_blocks(kI8Splits, NT, true))
+__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
-  static_assert(!LEAN || NT == 2, "the lean instance is the 2-n-tile one");
   constexpr bool kAheadB = !LEAN;
   grid_dep_launch();
   __shared__ int s_ticket, s_last;
@@ -170,10 +169,11 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the 2-n-tile instance at 4 blocks per SM (tc_q4_layer_kernel's LEAN); 1 n-tile has one instance.
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
+  if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
   if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);

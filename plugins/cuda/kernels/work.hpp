@@ -138,7 +138,7 @@ cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, i
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
-// lean: the 2-n-tile instance at 4 blocks per SM (B values loaded at use; tc_layer.cuh).
+// lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
 cudaError_t launch_layer_q4row_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
