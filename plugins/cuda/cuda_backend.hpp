@@ -31,6 +31,7 @@ std::string cuda_unavailable_reason();
 
 struct Slot;
 struct Plan;
+struct PlanScratch;
 class CudaBackend;
 
 }  // namespace strata_cuda
@@ -48,14 +49,13 @@ struct strata_group {
   uint64_t magic;
   strata_cuda::CudaBackend* owner;
   strata_cuda::Slot* slot;
-  struct OutCopy {
+  struct OutCopy {  // (the slot's plan has the group's list: Plan::outs)
     float* dst;
     uint64_t offset;  // in the slot's pinned output buffer (the same offset as in the device's y region)
     uint64_t bytes;
     bool direct;   // dst is in registered host memory: the device puts the rows there itself (host_register)
     bool written;  // direct, and written there by the down kernels (else copied there after the group)
   };
-  std::vector<OutCopy> outs;
   int trace_kind = 0;  // STRATA_CUDA_TRACE's bucket: 0 one token, 1 more
 };
 
@@ -165,9 +165,10 @@ class CudaBackend {
   bool launch_graph(Slot& s, const Plan& p);
   void finish(Slot& s, const Plan& p);  // outputs to pinned memory, done event
   void sync_quietly(Slot& s) noexcept;
-  Plan plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+  // Plans into the slot's plan (p, sc: Slot::plan, Slot::scratch; their memory is reused).
+  void plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
                   const strata_expert_task* tasks);
-  Plan plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows);
+  void plan_matmul(Plan& p, const strata_matrix& w, const float* x, int64_t n_x_rows);
 
   int device_;
   Settings settings_;

@@ -19,38 +19,9 @@
 
 namespace strata_cuda {
 
-// A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
-// more.
-struct Slot {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  cudaEvent_t t0 = nullptr, t1 = nullptr;  // bench timing, made on first use
-  char* dev = nullptr;                     // device: inputs, operands, outputs, host weights staged
-  uint64_t dev_bytes = 0;
-  char* in = nullptr;  // pinned: the head (x, row table, items, jobs)
-  uint64_t in_bytes = 0;
-  char* out = nullptr;  // pinned: outputs
-  uint64_t out_bytes = 0;
-  // Launch sequences captured as CUDA graphs, by their signature (launch_signature), with the call count at
-  // their last use; their kernel arguments point into `dev`, so they are dropped when it moves.
-  struct Graph {
-    cudaGraphExec_t exec = nullptr;
-    uint64_t last_use = 0;
-  };
-  std::map<std::string, Graph> graphs;
-  uint64_t graph_uses = 0;
-};
-
 namespace {
 
 constexpr size_t kMaxGraphs = 64;  // per slot; beyond that the least recently used one goes
-
-void drop_graphs(Slot& s) {
-#if !defined(STRATA_CUDA_EMULATE)
-  for (auto& [key, g] : s.graphs) (void)cudaGraphExecDestroy(g.exec);
-#endif
-  s.graphs.clear();
-}
 
 // Waits for a slot's done event: polls (sched_yield between queries offers the core to any runnable thread)
 // for up to spin_us, then sleeps in cudaEventSynchronize (a BlockingSync event: woken by the device's
@@ -251,6 +222,48 @@ struct JobSpec {
   int64_t zero_bytes = 0;
 };
 
+// Groups items into launches: one per (kernel, format, splits, gemv token count) class, items of a class
+// contiguous. `nts` gets the n-tile count of each tensor-core class (the operand buffers are sized by it).
+struct ClassKey {
+  bool tc;
+  int32_t dtype;
+  int splits;
+  int gemv_tok = 0;  // gemv classes: the token count of their items (one kernel instance per count)
+  bool operator<(const ClassKey& o) const {
+    return std::tie(tc, dtype, splits, gemv_tok) < std::tie(o.tc, o.dtype, o.splits, o.gemv_tok);
+  }
+  bool operator==(const ClassKey& o) const {
+    return tc == o.tc && dtype == o.dtype && splits == o.splits && gemv_tok == o.gemv_tok;
+  }
+};
+
+// A group's launch classes (one or two at decode) and their n-tile counts, in key order: a sorted vector.
+struct ClassCounts {
+  std::vector<std::pair<ClassKey, int>> v;
+  int& operator[](const ClassKey& k) {
+    auto it = std::lower_bound(v.begin(), v.end(), k,
+                               [](const auto& e, const ClassKey& key) { return e.first < key; });
+    if (it == v.end() || !(it->first == k)) it = v.insert(it, {k, 0});
+    return it->second;
+  }
+  auto begin() { return v.begin(); }
+  auto end() { return v.end(); }
+  auto begin() const { return v.begin(); }
+  auto end() const { return v.end(); }
+};
+
+// A piece of an expert task's routed rows: at most its launch classes' chunk capacity (plan_group).
+struct Chunk {
+  int task, start, n;
+  MatRef gate, up, down;
+  ClassKey gu, dn;
+  // Their classes' n-tile counts (gemv: token counts), once the classes are known.
+  int gu_nt = 0, dn_nt = 0;
+  // In the layout: the gate_up input operand, the region gate_up writes h to (h_bytes, cleared by the first
+  // preparation pass), and for an exact-mode down the operand encoded from that f32 h (else kNone).
+  uint64_t in_off = 0, h_off = 0, h_bytes = 0, dn_op_off = kNone;
+};
+
 }  // namespace
 
 // Everything one call does, with buffer offsets; pointers are made once the slot's buffers are known.
@@ -280,7 +293,65 @@ struct Plan {
   uint64_t sync_off = 0, sync_bytes = 0;
 };
 
+// plan_group's working lists (a slot keeps them: Slot::scratch).
+struct PlanScratch {
+  std::vector<Chunk> chunks;
+  std::vector<uint64_t> task_rows_at, y_task;
+  std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
+  ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
+};
+
+// A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
+// more.
+struct Slot {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  cudaEvent_t t0 = nullptr, t1 = nullptr;  // bench timing, made on first use
+  char* dev = nullptr;                     // device: inputs, operands, outputs, host weights staged
+  uint64_t dev_bytes = 0;
+  char* in = nullptr;  // pinned: the head (x, row table, items, jobs)
+  uint64_t in_bytes = 0;
+  char* out = nullptr;  // pinned: outputs
+  uint64_t out_bytes = 0;
+  // Launch sequences captured as CUDA graphs, by their signature (launch_signature), with the call count at
+  // their last use; their kernel arguments point into `dev`, so they are dropped when it moves.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;
+  };
+  std::map<std::string, Graph> graphs;
+  uint64_t graph_uses = 0;
+  // The call's plan, and plan_group's working lists: kept with the slot, so that their memory serves its next
+  // calls (a decode call's plan then allocates nothing). The plan lives until the call is taken (its
+  // outputs).
+  Plan plan;
+  PlanScratch scratch;
+};
+
 namespace {
+
+// A fresh plan, its lists' memory kept (their contents cleared).
+void reset(Plan& p) {
+  Plan fresh;
+  auto keep = [](auto& from, auto& to) {
+    from.clear();
+    to.swap(from);
+  };
+  keep(p.rows, fresh.rows);
+  keep(p.items, fresh.items);
+  keep(p.jobs, fresh.jobs);
+  keep(p.uploads, fresh.uploads);
+  keep(p.launches, fresh.launches);
+  keep(p.outs, fresh.outs);
+  p = std::move(fresh);
+}
+
+void drop_graphs(Slot& s) {
+#if !defined(STRATA_CUDA_EMULATE)
+  for (auto& [key, g] : s.graphs) (void)cudaGraphExecDestroy(g.exec);
+#endif
+  s.graphs.clear();
+}
 
 // Lays out a plan's device buffer: head (x, rows, items, jobs), then `extra` bytes of operands and outputs
 // the caller placed from `operands_base`, then the staged host weights.
@@ -601,36 +672,6 @@ void place_uploads(Plan& p, Layout& lay) {
   }
 }
 
-// Groups items into launches: one per (kernel, format, splits, gemv token count) class, items of a class
-// contiguous. `nts` gets the n-tile count of each tensor-core class (the operand buffers are sized by it).
-struct ClassKey {
-  bool tc;
-  int32_t dtype;
-  int splits;
-  int gemv_tok = 0;  // gemv classes: the token count of their items (one kernel instance per count)
-  bool operator<(const ClassKey& o) const {
-    return std::tie(tc, dtype, splits, gemv_tok) < std::tie(o.tc, o.dtype, o.splits, o.gemv_tok);
-  }
-  bool operator==(const ClassKey& o) const {
-    return tc == o.tc && dtype == o.dtype && splits == o.splits && gemv_tok == o.gemv_tok;
-  }
-};
-
-// A group's launch classes (one or two at decode) and their n-tile counts, in key order: a sorted vector.
-struct ClassCounts {
-  std::vector<std::pair<ClassKey, int>> v;
-  int& operator[](const ClassKey& k) {
-    auto it = std::lower_bound(v.begin(), v.end(), k,
-                               [](const auto& e, const ClassKey& key) { return e.first < key; });
-    if (it == v.end() || !(it->first == k)) it = v.insert(it, {k, 0});
-    return it->second;
-  }
-  auto begin() { return v.begin(); }
-  auto end() { return v.end(); }
-  auto begin() const { return v.begin(); }
-  auto end() const { return v.end(); }
-};
-
 int grid_for(bool tc, int splits, bool gate_up, int rows) {
   const int per_block = tc                      ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
@@ -646,28 +687,20 @@ bool use_gemv(const Settings& s, int64_t n_rows) {
 
 }  // namespace
 
-Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
-                             const strata_expert_task* tasks) {
+void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n_x_rows, int64_t hidden,
+                             int32_t n_tasks, const strata_expert_task* tasks) {
   if (n_tasks < 0 || (n_tasks > 0 && tasks == nullptr)) invalid("expert_group: bad task list");
   if (n_x_rows < 0) invalid("expert_group: n_x_rows < 0");
-  Plan p;
+  reset(p);
   MatrixResolver res(&p.uploads, &residents_);
   std::unique_lock<std::mutex> resolving(mu_);  // residents_, while the tasks' matrices are resolved
 
   // Validate every task (as the CPU backends do) and cut the routed rows into chunks.
-  struct Chunk {
-    int task, start, n;
-    MatRef gate, up, down;
-    ClassKey gu, dn;
-    // Their classes' n-tile counts (gemv: token counts), once the classes are known.
-    int gu_nt = 0, dn_nt = 0;
-    // In the layout: the gate_up input operand, the region gate_up writes h to (h_bytes, cleared by the first
-    // preparation pass), and for an exact-mode down the operand encoded from that f32 h (else kNone).
-    uint64_t in_off = 0, h_off = 0, h_bytes = 0, dn_op_off = kNone;
-  };
-  std::vector<Chunk> chunks;
+  std::vector<Chunk>& chunks = sc.chunks;
+  chunks.clear();
   chunks.reserve(static_cast<size_t>(n_tasks));  // (one chunk per task but for long tasks)
-  std::vector<uint64_t> task_rows_at(static_cast<size_t>(n_tasks), 0);
+  std::vector<uint64_t>& task_rows_at = sc.task_rows_at;
+  task_rows_at.assign(static_cast<size_t>(n_tasks), 0);
   int64_t all_rows = 0;
   for (int32_t t = 0; t < n_tasks; ++t) all_rows += std::max<int32_t>(tasks[t].n_rows, 0);
   // (a malformed count is refused below; the cap keeps it from allocating first)
@@ -720,10 +753,12 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
     }
   }
   resolving.unlock();
-  if (!any_rows) return p;  // nothing to compute; the group completes at once
+  if (!any_rows) return;  // nothing to compute; the group completes at once
 
   // Launch classes and their n-tile counts (gemv: the token count).
-  ClassCounts gu_nt, dn_nt;
+  ClassCounts &gu_nt = sc.gu_nt, &dn_nt = sc.dn_nt;
+  gu_nt.v.clear();
+  dn_nt.v.clear();
   for (const Chunk& c : chunks) {
     int& g = gu_nt[c.gu];
     g = c.gu.tc ? std::max(g, nt_for(c.gu.splits, c.n)) : c.gu.gemv_tok;
@@ -780,9 +815,10 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
         std::max({max_prep, prep_threads(c.gu.splits, in_cols, in_ld), static_cast<int64_t>(c.h_bytes / 16)});
   }
   p.y_off = lay.cursor;
-  std::vector<uint64_t> y_task(static_cast<size_t>(n_tasks), 0);
-  // Direct writes: the device address of a task's rows in registered host memory.
-  std::vector<float*> y_dev(static_cast<size_t>(n_tasks), nullptr);
+  std::vector<uint64_t>& y_task = sc.y_task;
+  y_task.assign(static_cast<size_t>(n_tasks), 0);
+  std::vector<float*>& y_dev = sc.y_dev;  // direct writes
+  y_dev.assign(static_cast<size_t>(n_tasks), nullptr);
   uint64_t y_cursor = 0;
   p.outs.reserve(static_cast<size_t>(n_tasks));
   {
@@ -895,11 +931,10 @@ Plan CudaBackend::plan_group(const float* x, int64_t n_x_rows, int64_t hidden, i
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items);
   }
-  return p;
 }
 
-Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_x_rows) {
-  Plan p;
+void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, int64_t n_x_rows) {
+  reset(p);
   MatrixResolver res(&p.uploads, &residents_);
   std::unique_lock<std::mutex> resolving(mu_);
   const MatRef m = res.resolve(&w, "matmul");
@@ -907,7 +942,7 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   if (n_x_rows < 0 || (n_x_rows > 0 && x == nullptr)) invalid("matmul: bad activations");
   if (n_x_rows == 0) {
     p.uploads.clear();
-    return p;
+    return;
   }
   if (n_x_rows > kMaxDim) throw Failure(STRATA_ERR_UNSUPPORTED, "matmul: too many rows");
   const bool q4 = is_q4(w.dtype) && !settings_.force_simt;
@@ -981,7 +1016,6 @@ Plan CudaBackend::plan_matmul(const strata_matrix& w, const float* x, int64_t n_
   }
   p.n_jobs_first = p.jobs.size();
   p.first_down_launch = p.launches.size();
-  return p;
 }
 
 // ---- execution
@@ -1270,16 +1304,18 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
     t0 = now;
   };
   if (trace) t0 = TraceClock::now();
-  Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
-  auto g = std::make_unique<strata_group>();
-  g->magic = kGroupMagic;
-  g->owner = this;
-  g->outs = p.outs;
-  g->trace_kind = n_x_rows > 1 ? 1 : 0;
-  lap(tr.plan);
   Slot* s = acquire_slot();
-  g->slot = s;
+  lap(tr.slot);
+  Plan& p = s->plan;  // (until the take: its outputs)
+  std::unique_ptr<strata_group> g;
   try {
+    plan_group(p, s->scratch, x, n_x_rows, hidden, n_tasks, tasks);
+    g = std::make_unique<strata_group>();
+    g->magic = kGroupMagic;
+    g->owner = this;
+    g->slot = s;
+    g->trace_kind = n_x_rows > 1 ? 1 : 0;
+    lap(tr.plan);
     ensure_capacity(*s, p);
     // Trace: the group's span on its stream, from the staging copy (the host's staging and launches included
     // when the stream was idle) to its done event.
@@ -1350,7 +1386,7 @@ void CudaBackend::take(strata_group* group) {
     if (cudaEventElapsedTime(&device_ms, s->t0, s->t1) != cudaSuccess) device_ms = 0;
     (void)cudaGetLastError();
   }
-  for (const auto& o : g->outs) {
+  for (const auto& o : s->plan.outs) {
     if (!o.direct) std::memcpy(o.dst, s->out + o.offset, o.bytes);
   }
   release_slot(s);
@@ -1384,10 +1420,14 @@ void CudaBackend::expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
 void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   if (n_x_rows > 0 && y == nullptr) invalid("matmul: bad activations");
-  Plan p = plan_matmul(w, x, n_x_rows);
-  if (n_x_rows == 0) return;
   Slot* s = acquire_slot();
+  const Plan& p = s->plan;
   try {
+    plan_matmul(s->plan, w, x, n_x_rows);
+    if (n_x_rows == 0) {
+      release_slot(s);
+      return;
+    }
     ensure_capacity(*s, p);
     stage(*s, p);
     launch(*s, p);
@@ -1406,10 +1446,11 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
                                                   int32_t n_tasks, const strata_expert_task* tasks, int iters,
                                                   int hold_us) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
-  Plan p = plan_group(x, n_x_rows, hidden, n_tasks, tasks);
   Slot* s = acquire_slot();
+  const Plan& p = s->plan;
   std::vector<float> ms;
   try {
+    plan_group(s->plan, s->scratch, x, n_x_rows, hidden, n_tasks, tasks);
     if (s->t0 == nullptr) STRATA_CK(cudaEventCreate(&s->t0), "cudaEventCreate");
     if (s->t1 == nullptr) STRATA_CK(cudaEventCreate(&s->t1), "cudaEventCreate");
     ensure_capacity(*s, p);
