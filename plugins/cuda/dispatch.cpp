@@ -1108,7 +1108,7 @@ static std::string launch_signature(const Plan& p, bool pdl, bool persistent, bo
   put(p.first_down_launch);
   put(p.layer);
   put(p.layer && persistent);  // (the layer kernel's grid: a block per tile, or what the device holds)
-  put(p.layer && lean);        // (its 2-n-tile instance)
+  put(p.layer && lean);        // (its instances: lean or B one unit ahead)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1347,17 +1347,23 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
     release_slot(s);
     throw;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (trace) {
-    IssueTrace& t = trace_[g->trace_kind];
-    ++t.calls;
-    t.plan += tr.plan;
-    t.slot += tr.slot;
-    t.stage += tr.stage;
-    t.launch += tr.launch;
-    t.finish += tr.finish;
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (trace) {
+      IssueTrace& t = trace_[g->trace_kind];
+      ++t.calls;
+      t.plan += tr.plan;
+      t.slot += tr.slot;
+      t.stage += tr.stage;
+      t.launch += tr.launch;
+      t.finish += tr.finish;
+    }
+    groups_.insert(g.get());
+  } catch (...) {  // (bad_alloc: the group is not handed out, so its slot must come back here)
+    sync_quietly(*s);
+    release_slot(s);
+    throw;
   }
-  groups_.insert(g.get());
   return g.release();
 }
 
@@ -1420,14 +1426,15 @@ void CudaBackend::expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
 void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   if (n_x_rows > 0 && y == nullptr) invalid("matmul: bad activations");
+  if (n_x_rows == 0) {  // checked as any call, no slot taken
+    Plan empty;
+    plan_matmul(empty, w, x, n_x_rows);
+    return;
+  }
   Slot* s = acquire_slot();
   const Plan& p = s->plan;
   try {
     plan_matmul(s->plan, w, x, n_x_rows);
-    if (n_x_rows == 0) {
-      release_slot(s);
-      return;
-    }
     ensure_capacity(*s, p);
     stage(*s, p);
     launch(*s, p);

@@ -93,6 +93,21 @@ std::shared_ptr<Backend> make_cuda_with_env(const PluginRecord& r, const char* v
   return b;
 }
 
+// The same with several settings (var, value) at once.
+std::shared_ptr<Backend> make_cuda_with_envs(const PluginRecord& r,
+                                             const std::vector<std::pair<const char*, const char*>>& env) {
+  for (const auto& [var, value] : env) ::setenv(var, value, 1);
+  std::shared_ptr<Backend> b;
+  try {
+    b = make_backend(r);
+  } catch (...) {
+    for (const auto& [var, value] : env) ::unsetenv(var);
+    throw;
+  }
+  for (const auto& [var, value] : env) ::unsetenv(var);
+  return b;
+}
+
 std::shared_ptr<Backend> cpu_reference() {
   const PluginRecord* g = find_record("cpu_generic");
   REQUIRE(g != nullptr);
@@ -813,9 +828,10 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
 // separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats, odd
 // shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8 experts
 // of the same row (as at decode); several threads with layer kernels in flight at once on one device.
-// The layer kernel's mode: its environment setting (var=value).
-static void gpu_case_layer(const PluginRecord* rec, const char* var, const char* value) {
-  auto layer = make_cuda_with_env(*rec, var, value);
+// The layer kernel's mode: its environment settings (var, value).
+static void gpu_case_layer(const PluginRecord* rec,
+                           const std::vector<std::pair<const char*, const char*>>& env) {
+  auto layer = make_cuda_with_envs(*rec, env);
   auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
   auto ref = cpu_reference();
   std::mt19937 rng(2027);
@@ -910,14 +926,18 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
-    // before its current tile's epilogue); the lean 2-n-tile instance (B values loaded at use, 4 blocks/SM).
-    const std::pair<const char*, const char*> modes[] = {{"STRATA_CUDA_LAYER_PERSISTENT", "0"},
-                                                         {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
-                                                         {"STRATA_CUDA_LAYER_LEAN", "1"}};
-    for (const auto& [var, value] : modes) {
-      const std::string mode = std::string(var) + "=" + value;
+    // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per
+    // SM), alone and persistent.
+    using Env = std::vector<std::pair<const char*, const char*>>;
+    const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_LAYER_LEAN", "1"}},
+                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+    for (const Env& env : modes) {
+      std::string mode;
+      for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
-      gpu_case_layer(rec, var, value);
+      gpu_case_layer(rec, env);
     }
   }
 }
@@ -1183,6 +1203,12 @@ static void gpu_case_8(const PluginRecord* rec) {
                        doctest::Contains("int4 matrix without scales"), Error);
   q.format = static_cast<WeightFormat>(17);
   CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 2, y.data()),
+                       doctest::Contains("is not supported by this backend"), Error);
+  // A matmul of no rows writes nothing, and its matrix is still checked.
+  std::fill(y.begin(), y.end(), NAN);
+  cuda->matmul(w.view(), x.data(), 0, y.data());
+  CHECK(std::isnan(y[0]));
+  CHECK_THROWS_WITH_AS(cuda->matmul(q, x.data(), 0, y.data()),
                        doctest::Contains("is not supported by this backend"), Error);
   ExpertMatrices bad{w.view(), w.view(), w.view()};
   ExpertTask tb{&bad, std::span<const int32_t>(rows.data(), 1), o.data()};
