@@ -347,9 +347,7 @@ void reset(Plan& p) {
 }
 
 void drop_graphs(Slot& s) {
-#if !defined(STRATA_CUDA_EMULATE)
   for (auto& [key, g] : s.graphs) (void)cudaGraphExecDestroy(g.exec);
-#endif
   s.graphs.clear();
 }
 
@@ -1094,7 +1092,6 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   }
 }
 
-#if !defined(STRATA_CUDA_EMULATE)
 // What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
 // same slot (same `dev`), the same kernels run with the same arguments.
 static std::string launch_signature(const Plan& p, bool pdl, bool persistent, bool lean) {
@@ -1125,7 +1122,6 @@ static std::string launch_signature(const Plan& p, bool pdl, bool persistent, bo
   }
   return k;
 }
-#endif
 
 void CudaBackend::launch(Slot& s, const Plan& p) {
   if (p.items.empty()) return;
@@ -1134,13 +1130,9 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
 }
 
 // Replays the plan's launches from the slot's graph cache, capturing them first if their signature is new.
-// false: graphs are not available here (the emulation, or a capture the driver refused; then never again).
+// false: graphs are not available here (a capture the driver refused; then never again). The emulation
+// captures and replays too (emu.cpp), so the cache and its signatures are checked without a GPU.
 bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
-#if defined(STRATA_CUDA_EMULATE)
-  (void)s;
-  (void)p;
-  return false;
-#else
   const std::string key =
       launch_signature(p, settings_.pdl, settings_.layer_persistent, settings_.layer_lean);
   auto it = s.graphs.find(key);
@@ -1184,7 +1176,6 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
   it->second.last_use = ++s.graph_uses;
   STRATA_CK(cudaGraphLaunch(it->second.exec, s.stream), "cudaGraphLaunch");
   return true;
-#endif
 }
 
 void CudaBackend::launch_direct(Slot& s, const Plan& p) {

@@ -942,6 +942,57 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
   }
 }
 
+// A group's launch sequence is captured as a CUDA graph once per shape and slot and replayed (the emulation
+// captures and replays too): groups of several shapes (the layer kernel, separate launches, SIMT, more
+// tokens than one chunk; the same tasks and rows with other matrix sizes, which only the grids tell apart),
+// interleaved and repeated, and matmuls of several row counts and sizes give the bits of direct launches
+// (STRATA_CUDA_GRAPHS=0); a larger group after them grows the slot (its graphs dropped).
+static void gpu_case_graphs(const PluginRecord* rec) {
+  auto graphs = make_backend(*rec);
+  auto direct = make_cuda_with_env(*rec, "STRATA_CUDA_GRAPHS", "0");
+  std::mt19937 rng(4242);
+  std::vector<Group> groups;
+  const std::vector<std::vector<int>> counts = {{1, 1, 1, 1}, {2, 1, 0, 1}, {3, 4, 1, 2}, {9, 1, 17, 2}};
+  for (const auto& c : counts)
+    groups.emplace_back(rng, 200, 72, 24, c, same_format(WeightFormat::Q4_G64, c.size()));
+  for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{200, 100}, {136, 72}, {136, 100}}) {
+    groups.emplace_back(rng, hidden, ffn, 24, counts[0], same_format(WeightFormat::Q4_G64, 4));
+    groups.emplace_back(rng, hidden, ffn, 24, counts[1], same_format(WeightFormat::Q4_G64, 4));
+  }
+  groups.emplace_back(rng, 200, 72, 24, std::vector<int>{1, 2}, same_format(WeightFormat::BF16, 2));
+  for (int rep = 0; rep < 3; ++rep) {
+    CAPTURE(rep);
+    for (size_t i = 0; i < groups.size(); ++i) {
+      CAPTURE(i);
+      CHECK(groups[i].run(*graphs) == groups[i].run(*direct));
+    }
+  }
+  const Group big(rng, 640, 200, 40, {5, 30, 2}, same_format(WeightFormat::Q4_G64, 3));
+  CHECK(big.run(*graphs) == big.run(*direct));
+  CHECK(groups[0].run(*graphs) == groups[0].run(*direct));
+  const HostMatrix ws[] = {random_matrix(rng, WeightFormat::Q4_G64, 96, 200),
+                           random_matrix(rng, WeightFormat::Q4_G64, 160, 200)};
+  const std::vector<float> x = random_vec(rng, 13 * 200);
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const HostMatrix& w : ws) {
+      for (int64_t n : {1, 13, 3}) {
+        CAPTURE(n);
+        std::vector<float> a(static_cast<size_t>(n * w.rows)), b(a.size());
+        graphs->matmul(w.view(), x.data(), n, a.data());
+        direct->matmul(w.view(), x.data(), n, b.data());
+        CHECK(a == b);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda graphs: replayed launch sequences give the bits of direct launches") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_graphs(rec);
+  }
+}
+
 // Outputs in host memory registered with the backend are copied there by the device (no staging copy):
 // the same bits as unregistered outputs, for a group whose outputs lie partly inside and partly outside the
 // registered range; overlapping registrations are refused; after unregistering, the staged path again.

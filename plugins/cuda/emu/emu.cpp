@@ -8,7 +8,9 @@
 // operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). The warps of a block run together: a warp
 // whose lanes reach __syncthreads waits until every warp of the block that has not exited is there. Device
 // memory is host memory; a fake capacity (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable;
-// STRATA_CUDA_EMU_DEVICES devices (2).
+// STRATA_CUDA_EMU_DEVICES devices (2). Stream capture records a stream's operations (kernel launches with
+// their arguments as they were, copies, memsets) into a graph instead of running them; launching the
+// instantiated graph runs them in order, as the device would (so the plugin's graph cache is exercised too).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -437,7 +439,32 @@ cudaError_t fail(cudaError_t e) {
   return e;
 }
 
+// A stream: while capturing, the graph its operations go to.
+struct Graph {
+  std::vector<std::function<void()>> ops;
+};
+struct Stream {
+  Graph* capture = nullptr;
+};
+Stream* stream_of(cudaStream_t s) {
+  return reinterpret_cast<Stream*>(s);
+}
+bool capturing(cudaStream_t s) {
+  // (0, cudaStreamLegacy and cudaStreamPerThread are not streams of ours and never capture here)
+  return reinterpret_cast<uintptr_t>(s) > 0xFF && stream_of(s)->capture != nullptr;
+}
+
 }  // namespace
+
+namespace strata_cuda::emu {
+
+bool record(cudaStream_t s, std::function<void()> op) {
+  if (!capturing(s)) return false;
+  stream_of(s)->capture->ops.push_back(std::move(op));
+  return true;
+}
+
+}  // namespace strata_cuda::emu
 
 extern "C" {
 
@@ -558,14 +585,44 @@ cudaError_t cudaMemGetInfo(size_t* free_b, size_t* total_b) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = reinterpret_cast<cudaStream_t>(new int(0));
+  *s = reinterpret_cast<cudaStream_t>(new Stream);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<int*>(s);
+  if (capturing(s)) return fail(cudaErrorStreamCaptureUnsupported);
+  delete stream_of(s);
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  return capturing(s) ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode) {
+  if (reinterpret_cast<uintptr_t>(s) <= 0xFF) return fail(cudaErrorStreamCaptureUnsupported);  // (legacy)
+  if (capturing(s)) return fail(cudaErrorIllegalState);
+  stream_of(s)->capture = new Graph;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (!capturing(s)) return fail(cudaErrorIllegalState);
+  *graph = reinterpret_cast<cudaGraph_t>(stream_of(s)->capture);
+  stream_of(s)->capture = nullptr;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = reinterpret_cast<cudaGraphExec_t>(new Graph(*reinterpret_cast<Graph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<Graph*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<Graph*>(exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  if (capturing(s)) return fail(cudaErrorStreamCaptureUnsupported);  // (a child graph: not used)
+  for (const auto& op : reinterpret_cast<Graph*>(exec)->ops) op();
   return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
@@ -579,8 +636,8 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<int*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
-  return cudaSuccess;
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t s) {
+  return capturing(s) ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;  // (not used while capturing)
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) {
   return cudaSuccess;
@@ -592,16 +649,22 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0;
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
-  if (bytes > 0) std::memcpy(dst, src, bytes);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+  auto op = [=] {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  };
+  if (!strata_cuda::emu::record(s, op)) op();
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                              size_t height, cudaMemcpyKind, cudaStream_t) {
+                              size_t height, cudaMemcpyKind, cudaStream_t s) {
   if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
-  for (size_t r = 0; r < height; ++r) {
-    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
-  }
+  auto op = [=] {
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+    }
+  };
+  if (!strata_cuda::emu::record(s, op)) op();
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
@@ -623,8 +686,9 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t) {
-  std::memset(dst, value, bytes);
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
+  auto op = [=] { std::memset(dst, value, bytes); };
+  if (!strata_cuda::emu::record(s, op)) op();
   return cudaSuccess;
 }
 

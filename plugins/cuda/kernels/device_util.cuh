@@ -32,8 +32,9 @@ template <class... P, class... A>
 cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Queue& on, bool collectives,
                           A... args) {
 #if defined(STRATA_CUDA_EMULATE)
-  (void)on;
-  emu::run_grid(grid, block, collectives, [&] { kernel(args...); });
+  // (captured: the arguments as they are now, as a graph's kernel node keeps them)
+  auto op = [=] { emu::run_grid(grid, block, collectives, [&] { kernel(args...); }); };
+  if (!emu::record(on.stream, op)) op();
   return cudaSuccess;
 #else
   (void)collectives;
