@@ -321,6 +321,7 @@ struct Slot {
   };
   std::map<std::string, Graph> graphs;
   uint64_t graph_uses = 0;
+  std::string key;  // the signature of the call being launched
   // The call's plan, and plan_group's working lists: kept with the slot, so that their memory serves its next
   // calls (a decode call's plan then allocates nothing). The plan lives until the call is taken (its
   // outputs).
@@ -1093,9 +1094,10 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
 }
 
 // What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
-// same slot (same `dev`), the same kernels run with the same arguments.
-static std::string launch_signature(const Plan& p, bool pdl, bool persistent, bool lean) {
-  std::string k;
+// same slot (same `dev`), the same kernels run with the same arguments. Written into k (the slot's, so that
+// its memory is reused).
+static void launch_signature(std::string& k, const Plan& p, bool pdl, bool persistent, bool lean) {
+  k.clear();
   auto put = [&](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(pdl);
   put(p.items_off);
@@ -1120,7 +1122,6 @@ static std::string launch_signature(const Plan& p, bool pdl, bool persistent, bo
     put(static_cast<uint64_t>(l.n_items));
     put(static_cast<uint64_t>(l.grid_x));
   }
-  return k;
 }
 
 void CudaBackend::launch(Slot& s, const Plan& p) {
@@ -1133,8 +1134,8 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
 // false: graphs are not available here (a capture the driver refused; then never again). The emulation
 // captures and replays too (emu.cpp), so the cache and its signatures are checked without a GPU.
 bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
-  const std::string key =
-      launch_signature(p, settings_.pdl, settings_.layer_persistent, settings_.layer_lean);
+  std::string& key = s.key;
+  launch_signature(key, p, settings_.pdl, settings_.layer_persistent, settings_.layer_lean);
   auto it = s.graphs.find(key);
   if (it == s.graphs.end()) {
     if (s.graphs.size() >= kMaxGraphs) {

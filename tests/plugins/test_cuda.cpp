@@ -946,7 +946,8 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
 // captures and replays too): groups of several shapes (the layer kernel, separate launches, SIMT, more
 // tokens than one chunk; the same tasks and rows with other matrix sizes, which only the grids tell apart),
 // interleaved and repeated, and matmuls of several row counts and sizes give the bits of direct launches
-// (STRATA_CUDA_GRAPHS=0); a larger group after them grows the slot (its graphs dropped).
+// (STRATA_CUDA_GRAPHS=0); a larger group after them grows the slot (its graphs dropped); more shapes than a
+// slot keeps graphs of.
 static void gpu_case_graphs(const PluginRecord* rec) {
   auto graphs = make_backend(*rec);
   auto direct = make_cuda_with_env(*rec, "STRATA_CUDA_GRAPHS", "0");
@@ -984,6 +985,19 @@ static void gpu_case_graphs(const PluginRecord* rec) {
       }
     }
   }
+  // More shapes than a slot keeps graphs of (64): the least recently used go, and come back when used again.
+  std::vector<HostMatrix> many;
+  for (int k = 1; k <= 70; ++k) many.push_back(random_matrix(rng, WeightFormat::Q4_G64, 64 * k, 64));
+  int differ = 0;
+  for (int rep = 0; rep < 2; ++rep) {
+    for (const HostMatrix& w : many) {
+      std::vector<float> a(static_cast<size_t>(w.rows)), b(a.size());
+      graphs->matmul(w.view(), x.data(), 1, a.data());
+      direct->matmul(w.view(), x.data(), 1, b.data());
+      differ += a == b ? 0 : 1;
+    }
+  }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("cuda graphs: replayed launch sequences give the bits of direct launches") {
