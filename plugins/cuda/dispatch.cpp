@@ -240,10 +240,13 @@ struct ClassKey {
 // A group's launch classes (one or two at decode) and their n-tile counts, in key order: a sorted vector.
 struct ClassCounts {
   std::vector<std::pair<ClassKey, int>> v;
+  size_t last = 0;  // the entry found last (chunks of one class mostly follow each other)
   int& operator[](const ClassKey& k) {
+    if (last < v.size() && v[last].first == k) return v[last].second;
     auto it = std::lower_bound(v.begin(), v.end(), k,
                                [](const auto& e, const ClassKey& key) { return e.first < key; });
     if (it == v.end() || !(it->first == k)) it = v.insert(it, {k, 0});
+    last = static_cast<size_t>(it - v.begin());
     return it->second;
   }
   auto begin() { return v.begin(); }
@@ -624,11 +627,6 @@ class MatrixResolver {
                                                 " is larger than this backend handles (2^30 per side)");
     }
     MatRef r;
-    r.dm.rows = static_cast<int32_t>(m->rows);
-    r.dm.cols = static_cast<int32_t>(m->cols);
-    r.dm.kp = static_cast<int32_t>(padded_cols(m->cols));
-    r.dm.dtype = m->dtype;
-    r.dm.stride = device_row_bytes(m->dtype, m->cols);
     if (m->resident != nullptr && residents_->count(m->resident) != 0) {
       const strata_resident* res = m->resident;
       if (res->m.dtype != m->dtype || res->m.rows != m->rows || res->m.cols != m->cols) {
@@ -645,6 +643,11 @@ class MatrixResolver {
                                                : ": empty or NULL matrix"));
     }
     if (is_q4(m->dtype) && m->scales == nullptr) invalid(what() + ": int4 matrix without scales");
+    r.dm.rows = static_cast<int32_t>(m->rows);
+    r.dm.cols = static_cast<int32_t>(m->cols);
+    r.dm.kp = static_cast<int32_t>(padded_cols(m->cols));
+    r.dm.dtype = m->dtype;
+    r.dm.stride = device_row_bytes(m->dtype, m->cols);
     const auto key = std::make_tuple(m->data, m->scales, m->dtype, m->rows, m->cols);
     auto it = staged_.find(key);
     if (it == staged_.end()) {
