@@ -283,6 +283,8 @@ struct Plan {
   uint64_t jobs_off = 0;
   size_t n_jobs_first = 0, first_down_launch = 0;
   uint64_t head_bytes = 0;  // [0, head_bytes) of the device buffer mirrors the pinned input buffer
+  bool head_in_launch =
+      false;  // its copy is the launch's first operation (Settings::graph_head), not stage's
   uint64_t y_off = 0, y_bytes = 0;
   uint64_t dev_bytes = 0;
   std::vector<Upload> uploads;
@@ -454,6 +456,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_GRAPH_HEAD")) settings_.graph_head = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
     settings_.layer_persistent = std::strcmp(v, "0") != 0;
@@ -597,7 +600,9 @@ void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
     ptr = static_cast<char*>(h);
     have = n;
   };
+  const char* in_was = s.in;
   pinned(s.in, s.in_bytes, p.head_bytes, "input");
+  if (s.in != in_was) drop_graphs(s);  // (a graph may copy the head from the old buffer: graph_head)
   pinned(s.out, s.out_bytes, p.y_bytes, "output");
 }
 
@@ -1023,6 +1028,13 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
 // ---- execution
 // ---------------------------------------------------------------------------------------------
 
+void CudaBackend::copy_head(Slot& s, const Plan& p) {
+  if (p.head_bytes > 0) {
+    STRATA_CK(cudaMemcpyAsync(s.dev, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream),
+              "copy of the inputs");
+  }
+}
+
 void CudaBackend::stage(Slot& s, const Plan& p) {
   char* base = s.dev;
   // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
@@ -1066,10 +1078,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   }
   // The layer kernel's counters are in the head: its copy clears them (no memset node before the launch).
   if (p.layer) std::memset(s.in + p.sync_off, 0, p.sync_bytes);
-  if (p.head_bytes > 0) {
-    STRATA_CK(cudaMemcpyAsync(base, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream),
-              "copy of the inputs");
-  }
+  if (!p.head_in_launch) copy_head(s, p);
   // Host weights: padded rows (the padding zeroed), then the scales. From pageable memory these copies return
   // once the data is staged by the driver, so the caller's weights need not outlive the call.
   for (const Upload& u : p.uploads) {
@@ -1111,6 +1120,7 @@ static void launch_signature(std::string& k, const Plan& p, bool pdl, bool persi
   put(p.layer);
   put(p.layer && persistent);  // (the layer kernel's grid: a block per tile, or what the device holds)
   put(p.layer && lean);        // (its instances: lean or B one unit ahead)
+  put(p.head_in_launch ? p.head_bytes + 1 : 0);  // (the head's copy and its size)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1185,6 +1195,7 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
 void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
+  if (p.head_in_launch) copy_head(s, p);  // (captured with the kernels: it reads s.in when the graph runs)
   auto prep = [&](size_t from, size_t to) {
     bool i8 = false;
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
@@ -1305,6 +1316,7 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
   std::unique_ptr<strata_group> g;
   try {
     plan_group(p, s->scratch, x, n_x_rows, hidden, n_tasks, tasks);
+    p.head_in_launch = settings_.graph_head && !p.items.empty();
     g = std::make_unique<strata_group>();
     g->magic = kGroupMagic;
     g->owner = this;
@@ -1430,6 +1442,7 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
   const Plan& p = s->plan;
   try {
     plan_matmul(s->plan, w, x, n_x_rows);
+    s->plan.head_in_launch = settings_.graph_head && !p.items.empty();
     ensure_capacity(*s, p);
     stage(*s, p);
     launch(*s, p);

@@ -946,10 +946,10 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
 // captures and replays too): groups of several shapes (the layer kernel, separate launches, SIMT, more
 // tokens than one chunk; the same tasks and rows with other matrix sizes, which only the grids tell apart),
 // interleaved and repeated, and matmuls of several row counts and sizes give the bits of direct launches
-// (STRATA_CUDA_GRAPHS=0); a larger group after them grows the slot (its graphs dropped); more shapes than a
-// slot keeps graphs of.
-static void gpu_case_graphs(const PluginRecord* rec) {
-  auto graphs = make_backend(*rec);
+// (STRATA_CUDA_GRAPHS=0); a larger group after them grows the slot (its graphs dropped: with
+// STRATA_CUDA_GRAPH_HEAD=1 they copy the head from its pinned buffer); more shapes than a slot keeps graphs of.
+static void gpu_case_graphs(const PluginRecord* rec, const char* graph_head) {
+  auto graphs = make_cuda_with_env(*rec, "STRATA_CUDA_GRAPH_HEAD", graph_head);
   auto direct = make_cuda_with_env(*rec, "STRATA_CUDA_GRAPHS", "0");
   std::mt19937 rng(4242);
   std::vector<Group> groups;
@@ -970,7 +970,12 @@ static void gpu_case_graphs(const PluginRecord* rec) {
   }
   const Group big(rng, 640, 200, 40, {5, 30, 2}, same_format(WeightFormat::Q4_G64, 3));
   CHECK(big.run(*graphs) == big.run(*direct));
-  CHECK(groups[0].run(*graphs) == groups[0].run(*direct));
+  for (const Group& g : groups) CHECK(g.run(*graphs) == g.run(*direct));
+  // The pinned head buffer alone grows (a group of many x rows, few routed, fits the device buffer): the
+  // graphs that copied the head from the old one go too.
+  const Group many_x(rng, 200, 72, 600, {1, 1, 1, 1}, same_format(WeightFormat::Q4_G64, 4));
+  CHECK(many_x.run(*graphs) == many_x.run(*direct));
+  for (const Group& g : groups) CHECK(g.run(*graphs) == g.run(*direct));
   const HostMatrix ws[] = {random_matrix(rng, WeightFormat::Q4_G64, 96, 200),
                            random_matrix(rng, WeightFormat::Q4_G64, 160, 200)};
   const std::vector<float> x = random_vec(rng, 13 * 200);
@@ -1003,7 +1008,10 @@ static void gpu_case_graphs(const PluginRecord* rec) {
 TEST_CASE("cuda graphs: replayed launch sequences give the bits of direct launches") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
-    gpu_case_graphs(rec);
+    for (const char* graph_head : {"0", "1"}) {  // the head's copy before the graph, or its first node
+      CAPTURE(graph_head);
+      gpu_case_graphs(rec, graph_head);
+    }
   }
 }
 

@@ -7,7 +7,8 @@
 # VARIANTS: space-separated environment settings (one per variant; "-" for none; several settings of one
 # variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda); PASSES (2): how
 # often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
-# under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant;
+# under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
+# with --latency the issue -> take wall medians;
 # "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default): bench_cuda's rows of the
 # layer kernel's other modes, measured in the same process) and
 # logs.tgz (test_cuda.log and every bench log).
@@ -45,7 +46,9 @@ for pass in $(seq 1 "${PASSES:-2}"); do
     took=$((SECONDS - start))
     q=$(awk '/^tensor cores, exact/ && $(NF-6) <= 8 {
                printf "%s%s rows %s us (%s) ", (/persistent|tile\/block|lean|B-ahead/ ? "[" $4 "] " : ""), $(NF-6), $(NF-1), $NF}' "$out/$log")
-    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q"
+    # --latency: the issue -> take wall medians (poll 2 ms) back to back and after 1 ms idle
+    l=$(awk '/^back to back|^after 1 ms idle/ { printf "%s: %s us; ", ($1 == "back" ? "back to back" : "after 1 ms"), $(NF-9) }' "$out/$log")
+    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q${l:+ issue->take: $l}"
     logs+=("$log")
   done
 done

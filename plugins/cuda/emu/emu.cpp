@@ -415,6 +415,7 @@ namespace {
 struct Runtime {
   std::mutex mu;
   std::map<const void*, size_t> device_allocs;
+  std::map<const void*, size_t> host_allocs;  // pinned (cudaHostAlloc)
   size_t device_bytes = 0;
   size_t capacity = 0;
   int devices = 2;
@@ -557,9 +558,19 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned int) {
   *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
   if (*p == nullptr) return fail(cudaErrorMemoryAllocation);
   std::memset(*p, 0xFF, bytes);
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.host_allocs[*p] = bytes;
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  Runtime& r = rt();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.host_allocs.find(p);
+  if (it == r.host_allocs.end()) return fail(cudaErrorInvalidValue);
+  std::memset(p, 0xFF, it->second);  // NaN bytes: a copy that still reads the freed buffer shows in results
+  r.host_allocs.erase(it);
   std::free(p);
   return cudaSuccess;
 }
