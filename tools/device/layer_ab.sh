@@ -8,7 +8,7 @@
 # variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda); PASSES (2): how
 # often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
-# with --latency the issue -> take wall medians;
+# with --latency the issue -> take wall medians, with STRATA_CUDA_TRACE=1 the host's laps per one-token issue;
 # "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default): bench_cuda's rows of the
 # layer kernel's other modes, measured in the same process) and
 # logs.tgz (test_cuda.log and every bench log).
@@ -48,7 +48,9 @@ for pass in $(seq 1 "${PASSES:-2}"); do
                printf "%s%s rows %s us (%s) ", (/persistent|tile\/block|lean|B-ahead/ ? "[" $4 "] " : ""), $(NF-6), $(NF-1), $NF}' "$out/$log")
     # --latency: the issue -> take wall medians (poll 2 ms) back to back and after 1 ms idle
     l=$(awk '/^back to back|^after 1 ms idle/ { printf "%s: %s us; ", ($1 == "back" ? "back to back" : "after 1 ms"), $(NF-9) }' "$out/$log")
-    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q${l:+ issue->take: $l}"
+    # STRATA_CUDA_TRACE=1: the host's laps per one-token issue (the trace prints them when a backend closes)
+    h=$(grep -m1 'one-token expert groups issued' "$out/$log" | sed 's/.*host time per issue: //')
+    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q${l:+ issue->take: $l}${h:+ host: $h}"
     logs+=("$log")
   done
 done
