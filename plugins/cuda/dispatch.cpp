@@ -283,8 +283,6 @@ struct Plan {
   uint64_t jobs_off = 0;
   size_t n_jobs_first = 0, first_down_launch = 0;
   uint64_t head_bytes = 0;  // [0, head_bytes) of the device buffer mirrors the pinned input buffer
-  bool head_in_launch =
-      false;  // its copy is the launch's first operation (Settings::graph_head), not stage's
   uint64_t y_off = 0, y_bytes = 0;
   uint64_t dev_bytes = 0;
   std::vector<Upload> uploads;
@@ -1028,6 +1026,10 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
 // ---- execution
 // ---------------------------------------------------------------------------------------------
 
+bool CudaBackend::head_in_launch(const Plan& p) const {
+  return settings_.graph_head && !p.items.empty();  // (no launch: no head to copy)
+}
+
 void CudaBackend::copy_head(Slot& s, const Plan& p) {
   if (p.head_bytes > 0) {
     STRATA_CK(cudaMemcpyAsync(s.dev, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream),
@@ -1078,7 +1080,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   }
   // The layer kernel's counters are in the head: its copy clears them (no memset node before the launch).
   if (p.layer) std::memset(s.in + p.sync_off, 0, p.sync_bytes);
-  if (!p.head_in_launch) copy_head(s, p);
+  if (!head_in_launch(p)) copy_head(s, p);
   // Host weights: padded rows (the padding zeroed), then the scales. From pageable memory these copies return
   // once the data is staged by the driver, so the caller's weights need not outlive the call.
   for (const Upload& u : p.uploads) {
@@ -1108,19 +1110,19 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
 // What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
 // same slot (same `dev`), the same kernels run with the same arguments. Written into k (the slot's, so that
 // its memory is reused).
-static void launch_signature(std::string& k, const Plan& p, bool pdl, bool persistent, bool lean) {
+void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   k.clear();
   auto put = [&](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
-  put(pdl);
+  put(settings_.pdl);
   put(p.items_off);
   put(p.jobs_off);
   put(static_cast<uint64_t>(p.prep_blocks));
   put(p.n_jobs_first);
   put(p.first_down_launch);
   put(p.layer);
-  put(p.layer && persistent);  // (the layer kernel's grid: a block per tile, or what the device holds)
-  put(p.layer && lean);        // (its instances: lean or B one unit ahead)
-  put(p.head_in_launch ? p.head_bytes + 1 : 0);  // (the head's copy and its size)
+  put(p.layer && settings_.layer_persistent);  // (the layer kernel's grid: a block per tile, or the device's)
+  put(p.layer && settings_.layer_lean);        // (its instances: lean or B one unit ahead)
+  put(head_in_launch(p) ? p.head_bytes + 1 : 0);  // (the head's copy and its size)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1148,7 +1150,7 @@ void CudaBackend::launch(Slot& s, const Plan& p) {
 // captures and replays too (emu.cpp), so the cache and its signatures are checked without a GPU.
 bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
   std::string& key = s.key;
-  launch_signature(key, p, settings_.pdl, settings_.layer_persistent, settings_.layer_lean);
+  launch_signature(key, p);
   auto it = s.graphs.find(key);
   if (it == s.graphs.end()) {
     if (s.graphs.size() >= kMaxGraphs) {
@@ -1195,7 +1197,7 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
 void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
-  if (p.head_in_launch) copy_head(s, p);  // (captured with the kernels: it reads s.in when the graph runs)
+  if (head_in_launch(p)) copy_head(s, p);  // (captured with the kernels: it reads s.in when the graph runs)
   auto prep = [&](size_t from, size_t to) {
     bool i8 = false;
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
@@ -1316,7 +1318,6 @@ strata_group* CudaBackend::issue(const float* x, int64_t n_x_rows, int64_t hidde
   std::unique_ptr<strata_group> g;
   try {
     plan_group(p, s->scratch, x, n_x_rows, hidden, n_tasks, tasks);
-    p.head_in_launch = settings_.graph_head && !p.items.empty();
     g = std::make_unique<strata_group>();
     g->magic = kGroupMagic;
     g->owner = this;
@@ -1442,7 +1443,6 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
   const Plan& p = s->plan;
   try {
     plan_matmul(s->plan, w, x, n_x_rows);
-    s->plan.head_in_launch = settings_.graph_head && !p.items.empty();
     ensure_capacity(*s, p);
     stage(*s, p);
     launch(*s, p);

@@ -79,21 +79,7 @@ std::shared_ptr<Backend> make_backend(const PluginRecord& r, int device = 0) {
   return std::make_shared<Backend>(r.library, r.vtable, 0, device);
 }
 
-// A cuda backend created with these environment settings (read at create), which are then unset.
-std::shared_ptr<Backend> make_cuda_with_env(const PluginRecord& r, const char* var, const char* value) {
-  ::setenv(var, value, 1);
-  std::shared_ptr<Backend> b;
-  try {
-    b = make_backend(r);
-  } catch (...) {
-    ::unsetenv(var);
-    throw;
-  }
-  ::unsetenv(var);
-  return b;
-}
-
-// The same with several settings (var, value) at once.
+// A cuda backend created with these environment settings (var, value; read at create), which are then unset.
 std::shared_ptr<Backend> make_cuda_with_envs(const PluginRecord& r,
                                              const std::vector<std::pair<const char*, const char*>>& env) {
   for (const auto& [var, value] : env) ::setenv(var, value, 1);
@@ -106,6 +92,10 @@ std::shared_ptr<Backend> make_cuda_with_envs(const PluginRecord& r,
   }
   for (const auto& [var, value] : env) ::unsetenv(var);
   return b;
+}
+
+std::shared_ptr<Backend> make_cuda_with_env(const PluginRecord& r, const char* var, const char* value) {
+  return make_cuda_with_envs(r, {{var, value}});
 }
 
 std::shared_ptr<Backend> cpu_reference() {

@@ -459,10 +459,11 @@ bool capturing(cudaStream_t s) {
 
 namespace strata_cuda::emu {
 
-bool record(cudaStream_t s, std::function<void()> op) {
-  if (!capturing(s)) return false;
-  stream_of(s)->capture->ops.push_back(std::move(op));
-  return true;
+void enqueue(cudaStream_t s, std::function<void()> op) {
+  if (capturing(s))
+    stream_of(s)->capture->ops.push_back(std::move(op));
+  else
+    op();
 }
 
 }  // namespace strata_cuda::emu
@@ -661,21 +662,19 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
-  auto op = [=] {
+  strata_cuda::emu::enqueue(s, [=] {
     if (bytes > 0) std::memcpy(dst, src, bytes);
-  };
-  if (!strata_cuda::emu::record(s, op)) op();
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                               size_t height, cudaMemcpyKind, cudaStream_t s) {
   if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
-  auto op = [=] {
+  strata_cuda::emu::enqueue(s, [=] {
     for (size_t r = 0; r < height; ++r) {
       std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
     }
-  };
-  if (!strata_cuda::emu::record(s, op)) op();
+  });
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
@@ -698,8 +697,7 @@ cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) {
-  auto op = [=] { std::memset(dst, value, bytes); };
-  if (!strata_cuda::emu::record(s, op)) op();
+  strata_cuda::emu::enqueue(s, [=] { std::memset(dst, value, bytes); });
   return cudaSuccess;
 }
 

@@ -25,9 +25,9 @@ Coords& coords();
 
 // Runs body for every thread of the grid, block after block; with collectives, each warp as 32 fibers.
 void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body);
-// Stream capture: false when s is not capturing (run the operation now); else op joins the graph being
-// captured and runs when the graph is launched.
-bool record(cudaStream_t s, std::function<void()> op);
+// A stream operation: runs now, or, while s is capturing, joins the graph being captured (and runs when the
+// graph is launched).
+void enqueue(cudaStream_t s, std::function<void()> op);
 
 void syncwarp();
 void syncthreads();

@@ -33,8 +33,7 @@ cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Que
                           A... args) {
 #if defined(STRATA_CUDA_EMULATE)
   // (captured: the arguments as they are now, as a graph's kernel node keeps them)
-  auto op = [=] { emu::run_grid(grid, block, collectives, [&] { kernel(args...); }); };
-  if (!emu::record(on.stream, op)) op();
+  emu::enqueue(on.stream, [=] { emu::run_grid(grid, block, collectives, [&] { kernel(args...); }); });
   return cudaSuccess;
 #else
   (void)collectives;
