@@ -257,18 +257,28 @@ int main(int argc, char** argv) {
       struct Variant {
         const char* name;
         int gemv_max_rows;
-        bool simt, pdl, tiles, layer, persistent, lean;
+        bool simt, pdl, tiles, layer;
+        int persistent;
+        bool lean;
         int min_rows, max_rows;
       };
-      // "persistent": the layer kernel's persistent mode (STRATA_CUDA_LAYER_PERSISTENT), A/B in every run;
-      // "lean": its instances with one block more per SM (STRATA_CUDA_LAYER_LEAN), also A/B.
-      const bool persistent_default = b.settings().layer_persistent, lean_default = b.settings().layer_lean;
-      const bool pd = persistent_default, ld = lean_default;
+      // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1, 2: "tile/block", "persistent",
+      // "streaming") other than the default, A/B in every run; "lean": its instances with one block more per SM
+      // (STRATA_CUDA_LAYER_LEAN), also A/B.
+      const int persistent_default = b.settings().layer_persistent;
+      const bool lean_default = b.settings().layer_lean;
+      const int pd = persistent_default;
+      const bool ld = lean_default;
+      const int pa = pd == 0 ? 1 : 0, pb = pd == 2 ? 1 : 2;  // the other two modes
+      auto mode_name = [](int m) {
+        return m == 0 ? "tensor cores, exact, tile/block"
+                      : m == 1 ? "tensor cores, exact, persistent" : "tensor cores, exact, streaming";
+      };
       const Variant variants[] = {
           {"gemv f32 (exact, opt-in)", -1, false, true, false, true, pd, ld, 1, 8},
           {"tensor cores, exact (default)", 0, false, true, true, true, pd, ld, 1, 8},
-          {pd ? "tensor cores, exact, tile/block" : "tensor cores, exact, persistent", 0, false, true, true,
-           true, !pd, ld, 1, 8},
+          {mode_name(pa), 0, false, true, true, true, pa, ld, 1, 8},
+          {mode_name(pb), 0, false, true, true, true, pb, ld, 1, 8},
           {ld ? "tensor cores, exact, B-ahead" : "tensor cores, exact, lean", 0, false, true, true, true, pd,
            !ld, 1, 4},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},

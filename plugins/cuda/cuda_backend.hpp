@@ -98,11 +98,15 @@ struct Settings {
   // three launches (A/B).
   bool layer_kernel = true;
   // The layer kernel as a persistent launch: as many blocks as the device holds at once, each taking tiles
-  // until none is left, its next tile's ticket taken as its current tile's last two load batches begin and
-  // that tile's first weights loaded before the current tile's epilogue (so a block's slot never waits on a
-  // block launch, a ticket, a work item or its first loads). Same results bit for bit. Off until measured
-  // against one block per tile on a GPU (tools/device/layer_ab.sh). STRATA_CUDA_LAYER_PERSISTENT=1: on.
-  bool layer_persistent = false;
+  // until none is left (so a block's slot never waits on a block launch, a ticket, a work item or its first
+  // loads). 1: the next tile's ticket taken as the current tile's last two load batches begin and its first
+  // weights loaded before the current tile's epilogue; 2 (streaming): the next ticket taken as the current
+  // tile starts and each warp's next first weights loaded as soon as a register buffer is free, during the
+  // current tile's last batches (a warp's loads in flight never drop to none between tiles). Same results bit
+  // for bit. 0 (a block per tile) until measured on a GPU (tools/device/layer_ab.sh). The lean instances do
+  // not stream (in their registers it spills): with layer_lean, 2 runs as 1.
+  // STRATA_CUDA_LAYER_PERSISTENT=0, 1 or 2.
+  int layer_persistent = 0;
   // The layer kernel with one block more per SM: each unit's B values loaded just before its k-steps instead
   // of one unit ahead (1-2 rows per expert: 5 blocks in 96 registers instead of 4 in 128; 3-4 rows: 4 in 128
   // instead of 3 in 168). Same results bit for bit. Off until measured on a GPU (tools/device/layer_ab.sh).

@@ -916,11 +916,12 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
-    // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per
-    // SM), alone and persistent.
+    // before its current tile's epilogue, or streaming: into each weight buffer as the current tile frees
+    // it); the lean instances (B values loaded at use, one block more per SM), alone and persistent.
     using Env = std::vector<std::pair<const char*, const char*>>;
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "2"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
     for (const Env& env : modes) {
