@@ -263,16 +263,17 @@ int main(int argc, char** argv) {
         int min_rows, max_rows;
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1, 2: "tile/block", "persistent",
-      // "streaming") other than the default, A/B in every run; "lean": its instances with one block more per SM
-      // (STRATA_CUDA_LAYER_LEAN), also A/B.
+      // "streaming") other than the default, A/B in every run; "lean": its instances with one block more per
+      // SM (STRATA_CUDA_LAYER_LEAN), also A/B.
       const int persistent_default = b.settings().layer_persistent;
       const bool lean_default = b.settings().layer_lean;
       const int pd = persistent_default;
       const bool ld = lean_default;
       const int pa = pd == 0 ? 1 : 0, pb = pd == 2 ? 1 : 2;  // the other two modes
       auto mode_name = [](int m) {
-        return m == 0 ? "tensor cores, exact, tile/block"
-                      : m == 1 ? "tensor cores, exact, persistent" : "tensor cores, exact, streaming";
+        return m == 0   ? "tensor cores, exact, tile/block"
+               : m == 1 ? "tensor cores, exact, persistent"
+                        : "tensor cores, exact, streaming";
       };
       const Variant variants[] = {
           {"gemv f32 (exact, opt-in)", -1, false, true, false, true, pd, ld, 1, 8},
@@ -286,7 +287,8 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
           {"SIMT f32", -1, true, true, false, true, pd, ld, 1, 4}};
       for (const Variant& v : variants) {
-        if (v.lean && v.persistent == 2) continue;  // (the lean instances do not stream: that would be mode 1)
+        // (the lean instances do not stream: the streaming A/B row with lean on would be mode 1 again)
+        if (v.lean && v.persistent == 2 && v.persistent != pd) continue;
         const Pool& vp = v.tiles ? pool : pool_rows;
         b.settings().gemv_max_rows = v.gemv_max_rows;
         b.settings().force_simt = v.simt;

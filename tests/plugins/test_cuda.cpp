@@ -3,9 +3,9 @@
 // is missing fails. With a device: conformance against cpu_generic for every format and shape class (exact
 // paths: max |y - ref| <= 1e-5 * max(max |ref|, 1); the W4A16 path: its stated tolerance), prefill rows equal
 // decode rows bit for bit (the int4 gemv kernels at every token count 1..8, the exact tensor cores, the
-// STRATA_CUDA_GEMV_MAX_ROWS switch between them), device memory and its accounting, asynchronous groups (several in flight, threads,
-// devices), injected and real failures returned as statuses, and every model fixture with its experts on the
-// GPU.
+// STRATA_CUDA_GEMV_MAX_ROWS switch between them), device memory and its accounting, asynchronous groups
+// (several in flight, threads, devices), injected and real failures returned as statuses, and every model
+// fixture with its experts on the GPU.
 //
 // Runs from the build tree or from a bundle (tools/device/cuda_check.sh): plugins are found beside the
 // executable; STRATA_FIXTURES_DIR overrides the fixtures folder.
@@ -377,7 +377,8 @@ TEST_CASE("cuda expert_group equals cpu_generic within 1e-5: every format, 0/1/4
 // tokens computed one at a time; shapes whose rows are not a multiple of a warp's (4 linear, 2 gate/up) or a
 // block's, columns that are not a multiple of 64 (Q4_G64 groups, Q4_ROW padding) or of 1024 (a warp step),
 // rows of more than one step (the one-token prefetch). STRATA_CUDA_GEMV_MAX_ROWS=8 runs experts/calls with at
-// most 8 rows on gemv and the rest on the exact tensor cores, bit for bit as the two backends that use one each.
+// most 8 rows on gemv and the rest on the exact tensor cores, bit for bit as the two backends that use one
+// each.
 static void gpu_case_gemv(const PluginRecord* rec) {
   auto ref = cpu_reference();
   auto gemv = make_cuda_with_env(*rec, "STRATA_CUDA_GEMV_MAX_ROWS", "all");
@@ -434,14 +435,20 @@ static void gpu_case_gemv(const PluginRecord* rec) {
   const std::vector<std::vector<std::pair<WeightFormat, WeightFormat>>> format_sets = {
       same_format(WeightFormat::Q4_G64, counts.size()),
       same_format(WeightFormat::Q4_ROW, counts.size()),
-      {{WeightFormat::Q4_G64, WeightFormat::BF16}, {WeightFormat::F16, WeightFormat::Q4_ROW},
-       {WeightFormat::Q4_ROW, WeightFormat::Q4_G64}, {WeightFormat::Q4_G64, WeightFormat::Q4_ROW},
-       {WeightFormat::BF16, WeightFormat::Q4_G64}, {WeightFormat::Q4_ROW, WeightFormat::F32},
-       {WeightFormat::Q4_G64, WeightFormat::Q4_G64}, {WeightFormat::Q4_ROW, WeightFormat::Q4_ROW},
-       {WeightFormat::Q4_G64, WeightFormat::F16}, {WeightFormat::F32, WeightFormat::Q4_G64},
+      {{WeightFormat::Q4_G64, WeightFormat::BF16},
+       {WeightFormat::F16, WeightFormat::Q4_ROW},
+       {WeightFormat::Q4_ROW, WeightFormat::Q4_G64},
+       {WeightFormat::Q4_G64, WeightFormat::Q4_ROW},
+       {WeightFormat::BF16, WeightFormat::Q4_G64},
+       {WeightFormat::Q4_ROW, WeightFormat::F32},
+       {WeightFormat::Q4_G64, WeightFormat::Q4_G64},
+       {WeightFormat::Q4_ROW, WeightFormat::Q4_ROW},
+       {WeightFormat::Q4_G64, WeightFormat::F16},
+       {WeightFormat::F32, WeightFormat::Q4_G64},
        {WeightFormat::Q4_ROW, WeightFormat::Q4_G64}}};
   for (size_t fs = 0; fs < format_sets.size(); ++fs) {
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {64, 1}, {1, 16}, {96, 70}, {2100, 40}}) {
+    for (auto [hidden, ffn] :
+         {std::pair<int64_t, int64_t>{130, 33}, {64, 1}, {1, 16}, {96, 70}, {2100, 40}}) {
       CAPTURE(fs);
       CAPTURE(hidden);
       CAPTURE(ffn);
@@ -459,8 +466,8 @@ static void gpu_case_gemv(const PluginRecord* rec) {
         CHECK(got_cut[e] == (counts[e] <= 8 ? got[e] : got_tc[e]));
         differ += got[e] != got_tc[e] ? 1 : 0;
       }
-      // Decode = prefill: every routed row of every expert alone, as its own task, gives the same bits; and the
-      // 17-row expert cut into tasks of 5 and 12 rows too.
+      // Decode = prefill: every routed row of every expert alone, as its own task, gives the same bits; and
+      // the 17-row expert cut into tasks of 5 and 12 rows too.
       std::vector<ExpertTask> singles;
       std::vector<std::vector<float>> outs;
       std::vector<std::pair<size_t, size_t>> where;  // (expert, row)
@@ -491,9 +498,10 @@ static void gpu_case_gemv(const PluginRecord* rec) {
     }
   }
   CHECK(differ > 0);
-  // A non-finite activation gives non-finite outputs for its token (as the f32 reference does), never a finite
-  // number; the other tokens are untouched. On gemv and on the exact tensor cores (whose int8 encoding marks
-  // the group's multiplier NaN), in matmul and in an expert (where the gate/up output h carries it to down).
+  // A non-finite activation gives non-finite outputs for its token (as the f32 reference does), never a
+  // finite number; the other tokens are untouched. On gemv and on the exact tensor cores (whose int8 encoding
+  // marks the group's multiplier NaN), in matmul and in an expert (where the gate/up output h carries it to
+  // down).
   for (float bad : {NAN, INFINITY}) {
     for (Backend* be : {gemv.get(), tc.get()}) {
       CAPTURE(bad);
@@ -507,23 +515,25 @@ static void gpu_case_gemv(const PluginRecord* rec) {
       for (int o = 0; o < 9; ++o) {
         CHECK(!std::isfinite(y[static_cast<size_t>(9 + o)]));
         CHECK(y[static_cast<size_t>(o)] == doctest::Approx(want[static_cast<size_t>(o)]).epsilon(1e-4));
-        CHECK(y[static_cast<size_t>(18 + o)] == doctest::Approx(want[static_cast<size_t>(18 + o)]).epsilon(1e-4));
+        CHECK(y[static_cast<size_t>(18 + o)] ==
+              doctest::Approx(want[static_cast<size_t>(18 + o)]).epsilon(1e-4));
       }
       Group grp(rng, 200, 70, 3, {3}, same_format(WeightFormat::Q4_G64, 1));
       grp.rows[0] = {0, 1, 2};
-      Group poisoned = grp;  // shares grp's weights (the views point into grp.store)
+      Group poisoned = grp;       // shares grp's weights (the views point into grp.store)
       poisoned.x[200 + 5] = bad;  // x row 1: the expert's token 1
       const auto got = poisoned.run(*be);
       const auto clean = grp.run(*ref);
       for (int o = 0; o < 200; ++o) {
         CHECK(!std::isfinite(got[0][static_cast<size_t>(200 + o)]));
-        CHECK(got[0][static_cast<size_t>(o)] == doctest::Approx(clean[0][static_cast<size_t>(o)]).epsilon(1e-4));
+        CHECK(got[0][static_cast<size_t>(o)] ==
+              doctest::Approx(clean[0][static_cast<size_t>(o)]).epsilon(1e-4));
       }
     }
   }
   // Activations over a wide range in the same 64-column groups (outliers 1e4 times the typical value beside
-  // values 1e-6 times it, as "massive activations" are): the exact tensor cores keep each group in fixed point
-  // to 2^-31 of its largest value, which stays within the bound; so does gemv (plain f32).
+  // values 1e-6 times it, as "massive activations" are): the exact tensor cores keep each group in fixed
+  // point to 2^-31 of its largest value, which stays within the bound; so does gemv (plain f32).
   {
     const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 48, 640);
     auto x = random_vec(rng, 3 * 640);
@@ -539,7 +549,9 @@ static void gpu_case_gemv(const PluginRecord* rec) {
   MESSAGE(rec->name << " gemv: largest max|y - ref| / max(max|ref|, 1) against cpu_generic = " << worst);
 }
 
-TEST_CASE("cuda int4 gemv kernels (matmul and expert_group, 1-8 tokens per kernel): within 1e-5, prefill == decode") {
+TEST_CASE(
+    "cuda int4 gemv kernels (matmul and expert_group, 1-8 tokens per kernel): within 1e-5, prefill == "
+    "decode") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     gpu_case_gemv(rec);
@@ -620,7 +632,9 @@ static void gpu_case_5(const PluginRecord* rec) {
   // columns), then the scales at a 256-byte boundary.
   auto expected = [](const HostMatrix& h) {
     const uint64_t kp = static_cast<uint64_t>((h.cols + 63) / 64 * 64);
-    const uint64_t row = h.format == WeightFormat::F32 ? kp * 4 : is_q4(h.format) ? (kp + 127) / 128 * 64 : kp * 2;
+    const uint64_t row = h.format == WeightFormat::F32 ? kp * 4
+                         : is_q4(h.format)             ? (kp + 127) / 128 * 64
+                                                       : kp * 2;
     uint64_t bytes = static_cast<uint64_t>(is_q4(h.format) ? (h.rows + 15) / 16 * 16 : h.rows) * row;
     if (is_q4(h.format)) {
       bytes = (bytes + 255) / 256 * 256;
@@ -733,9 +747,9 @@ TEST_CASE("cuda resident matrices: another backend's copy is not used, a mismatc
   }
 }
 
-// Resident int4 matrices are stored in 16-row tiles in the tensor-core kernels' load order (kTiles), host weights
-// staged per call keep their rows in order: every kernel family reads both and gives the same bits (rows that
-// are not a multiple of 16, columns that are not a multiple of 64 or of 128, one to many tokens).
+// Resident int4 matrices are stored in 16-row tiles in the tensor-core kernels' load order (kTiles), host
+// weights staged per call keep their rows in order: every kernel family reads both and gives the same bits
+// (rows that are not a multiple of 16, columns that are not a multiple of 64 or of 128, one to many tokens).
 static void gpu_case_tiles(const PluginRecord* rec) {
   struct Family {
     const char *name, *var, *value;
@@ -769,8 +783,8 @@ static void gpu_case_tiles(const PluginRecord* rec) {
         }
       }
       // Expert groups of 3 experts with 1, 3 and 20 rows, resident vs staged: small (every warp only in the
-      // remainder of its K slice), and 1100 x 600 (whole load batches and a remainder in the same slice). With
-      // only the gate resident, gate and up differ in layout within one expert.
+      // remainder of its K slice), and 1100 x 600 (whole load batches and a remainder in the same slice).
+      // With only the gate resident, gate and up differ in layout within one expert.
       for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {1100, 600}}) {
         CAPTURE(hidden);
         const Group grp(rng, hidden, ffn, 24, {1, 3, 20}, same_format(f, 3));
@@ -814,10 +828,10 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
   }
 }
 
-// The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against the
-// separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats, odd
-// shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8 experts
-// of the same row (as at decode); several threads with layer kernels in flight at once on one device.
+// The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against
+// the separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats,
+// odd shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8
+// experts of the same row (as at decode); several threads with layer kernels in flight at once on one device.
 // The layer kernel's mode: its environment settings (var, value).
 static void gpu_case_layer(const PluginRecord* rec,
                            const std::vector<std::pair<const char*, const char*>>& env) {
@@ -827,8 +841,18 @@ static void gpu_case_layer(const PluginRecord* rec,
   std::mt19937 rng(2027);
   for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
     CAPTURE(weight_format_name(f));
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {1100, 600}, {256, 96}}) {
+    // Load batches per warp (gate/up: 2 K slices; down: 1): 0 (130 x 33), 3 and 1 / 2 (1100 x 600), 1 and 0
+    // / 0 (256 x 96), 4 and 2 / 0 (1600 x 40), 5 and 3 / 0 (2100 x 40), 0 / 4 (130 x 1100), 0 / 5
+    // (130 x 1300): every place where run_batches frees a buffer for the next tile's loads.
+    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33},
+                               {1100, 600},
+                               {256, 96},
+                               {1600, 40},
+                               {2100, 40},
+                               {130, 1100},
+                               {130, 1300}}) {
       CAPTURE(hidden);
+      CAPTURE(ffn);
       const std::vector<int> counts =
           hidden == 256 ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1} : std::vector<int>{1, 2, 0, 3};
       Group grp(rng, hidden, ffn, 5, counts, same_format(f, counts.size()));
@@ -849,7 +873,8 @@ static void gpu_case_layer(const PluginRecord* rec,
           keep.push_back(layer->upload(e.gate));
           keep.push_back(layer->upload(e.up));
           keep.push_back(layer->upload(e.down));
-          experts.push_back({keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
+          experts.push_back(
+              {keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
         }
         std::vector<std::vector<float>> got(experts.size());
         std::vector<ExpertTask> tasks;
@@ -865,6 +890,15 @@ static void gpu_case_layer(const PluginRecord* rec,
         }
       }
     }
+  }
+  // One small expert: 3 gate/up tiles and 3 down tiles, so a persistent block takes a down tile while the
+  // others still hold gate/up tiles of the same expert, and waits for them (on the emulation too: its blocks
+  // take turns).
+  {
+    const Group one(rng, 130, 48, 3, {2}, same_format(WeightFormat::Q4_G64, 1));
+    const auto a = one.run(*passes), b = one.run(*layer), c = one.run(*ref);
+    CHECK(std::memcmp(a[0].data(), b[0].data(), a[0].size() * 4) == 0);
+    CHECK(rel_err(b[0].data(), c[0].data(), c[0].size()) <= kExactTol);
   }
   // Experts of different widths in one group (the narrower one's last tiles are past its rows; 40 rows: a
   // partial 64-row group), each expert with its own rows of one x.
@@ -912,7 +946,8 @@ static void gpu_case_layer(const PluginRecord* rec,
   CHECK(std::all_of(ok.begin(), ok.end(), [](int v) { return v == 1; }));
 }
 
-TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up, preparation and down launches") {
+TEST_CASE(
+    "cuda layer kernel: one launch gives the bits of the separate gate/up, preparation and down launches") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
@@ -938,7 +973,8 @@ TEST_CASE("cuda layer kernel: one launch gives the bits of the separate gate/up,
 // tokens than one chunk; the same tasks and rows with other matrix sizes, which only the grids tell apart),
 // interleaved and repeated, and matmuls of several row counts and sizes give the bits of direct launches
 // (STRATA_CUDA_GRAPHS=0); a larger group after them grows the slot (its graphs dropped: with
-// STRATA_CUDA_GRAPH_HEAD=1 they copy the head from its pinned buffer); more shapes than a slot keeps graphs of.
+// STRATA_CUDA_GRAPH_HEAD=1 they copy the head from its pinned buffer); more shapes than a slot keeps graphs
+// of.
 static void gpu_case_graphs(const PluginRecord* rec, const char* graph_head) {
   auto graphs = make_cuda_with_env(*rec, "STRATA_CUDA_GRAPH_HEAD", graph_head);
   auto direct = make_cuda_with_env(*rec, "STRATA_CUDA_GRAPHS", "0");
@@ -1416,7 +1452,8 @@ static void gpu_case_store(const PluginRecord* rec) {
   }
 }
 
-TEST_CASE("expert tiers with a GPU: overlap on == off bit for bit, a failed GPU group is recomputed on the CPU") {
+TEST_CASE(
+    "expert tiers with a GPU: overlap on == off bit for bit, a failed GPU group is recomputed on the CPU") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
     gpu_case_store(rec);

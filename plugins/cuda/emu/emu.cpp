@@ -8,18 +8,22 @@
 // operands (mma.sync m16n8k16 by the PTX ISA fragment layouts). The warps of a block run together: a warp
 // whose lanes reach __syncthreads waits until every warp of the block that has not exited is there. Device
 // memory is host memory; a fake capacity (STRATA_CUDA_EMU_MEM_GB, default 16) makes out-of-memory reachable;
-// STRATA_CUDA_EMU_DEVICES devices (2). Stream capture records a stream's operations (kernel launches with
-// their arguments as they were, copies, memsets) into a graph instead of running them; launching the
-// instantiated graph runs them in order, as the device would (so the plugin's graph cache is exercised too).
+// STRATA_CUDA_EMU_DEVICES devices (2). Blocks run one after another, but those of a grid of at most 8 blocks
+// take turns on threads of their own (see Baton). Stream capture records a stream's operations (kernel
+// launches with their arguments as they were, copies, memsets) into a graph instead of running them;
+// launching the instantiated graph runs them in order, as the device would (so the plugin's graph cache is
+// exercised too).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "emu_device.hpp"
@@ -107,6 +111,40 @@ struct Warp {
 thread_local Coords tls_coords;
 thread_local Warp* tls_warp = nullptr;
 thread_local int tls_lane = 0;
+
+// The blocks of a small grid (up to kThreadedBlocks: the persistent layer kernel's, for one) run on OS
+// threads of their own (so each has its own __shared__ variables, which are thread_local here), one at a
+// time: the running block hands the baton to the next unfinished one after each __syncthreads and at each
+// sleep_ns (a spin-wait's pause). So tickets taken from a counter interleave between blocks, and a block
+// waiting for another's work really waits, as on the device.
+constexpr unsigned kThreadedBlocks = 8;
+struct Baton {
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0;
+  std::vector<char> done;
+};
+thread_local Baton* tls_baton = nullptr;
+thread_local int tls_slot = 0;
+
+// Passes the baton on (finishing: this block is done) and, unless finishing, waits until it comes back.
+void hand_over(bool finishing) {
+  Baton& b = *tls_baton;
+  std::unique_lock<std::mutex> lock(b.mu);
+  if (finishing) b.done[static_cast<size_t>(tls_slot)] = 1;
+  const int n = static_cast<int>(b.done.size());
+  int next = tls_slot;
+  for (int k = 1; k <= n; ++k) {
+    const int c = (tls_slot + k) % n;
+    if (b.done[static_cast<size_t>(c)] == 0) {
+      next = c;
+      break;
+    }
+  }
+  b.turn = next;
+  b.cv.notify_all();
+  if (!finishing) b.cv.wait(lock, [&] { return b.turn == tls_slot; });
+}
 
 void yield_to_scheduler() {
   Fiber& f = tls_warp->fibers[tls_lane];
@@ -206,7 +244,7 @@ std::vector<std::unique_ptr<char[]>>& stack_pool() {
 void start_warp(Warp& w, int w_index) {
   auto& pool = stack_pool();
   while (pool.size() < static_cast<size_t>(32 * (w_index + 1)))
-    pool.push_back(std::make_unique<char[]>(kStack));
+    pool.push_back(std::unique_ptr<char[]>(new char[kStack]));  // (not zeroed: pages only as used)
   for (int l = 0; l < 32; ++l) {
     Fiber& f = w.fibers[l];
     f.done = false;
@@ -288,6 +326,7 @@ void run_block(int n_warps, const std::function<void()>& body) {
       if (!finished[static_cast<size_t>(wi)]) ++running;
     }
     if (running == 0) break;
+    if (tls_baton != nullptr) hand_over(false);  // (a __syncthreads: another block's turn)
   }
 }
 
@@ -308,6 +347,30 @@ void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void(
   if (collectives && threads % 32 != 0) die("blocks of whole warps only");
   tls_coords.block_dim = block;
   tls_coords.grid_dim = grid;
+  const unsigned n_blocks = grid.x * grid.y;
+  if (collectives && n_blocks > 1 && n_blocks <= kThreadedBlocks) {
+    Baton baton;
+    baton.done.assign(n_blocks, 0);
+    std::vector<std::thread> blocks;
+    for (unsigned k = 0; k < n_blocks; ++k) {
+      blocks.emplace_back([&, k] {
+        tls_coords.block_dim = block;
+        tls_coords.grid_dim = grid;
+        tls_coords.block_idx = make_uint3(k % grid.x, k / grid.x, 0);
+        tls_baton = &baton;
+        tls_slot = static_cast<int>(k);
+        {
+          std::unique_lock<std::mutex> lock(baton.mu);
+          baton.cv.wait(lock, [&] { return baton.turn == static_cast<int>(k); });
+        }
+        run_block(static_cast<int>(threads / 32), body);
+        hand_over(true);
+        tls_baton = nullptr;
+      });
+    }
+    for (std::thread& t : blocks) t.join();
+    return;
+  }
   for (unsigned by = 0; by < grid.y; ++by) {
     for (unsigned bx = 0; bx < grid.x; ++bx) {
       tls_coords.block_idx = make_uint3(bx, by, 0);
@@ -327,6 +390,12 @@ void syncwarp() {
   if (tls_warp == nullptr) die("__syncwarp outside a warp");
   tls_warp->op[tls_lane] = kSync;
   yield_to_scheduler();
+}
+
+void spin_pause() {
+  if (tls_baton == nullptr)
+    die("a spin-wait in a grid whose blocks run one after another: it would never end");
+  hand_over(false);
 }
 
 void syncthreads() {

@@ -23,12 +23,15 @@ struct Coords {
 };
 Coords& coords();
 
-// Runs body for every thread of the grid, block after block; with collectives, each warp as 32 fibers.
+// Runs body for every thread of the grid, block after block (with collectives and at most 8 blocks, taking
+// turns at each __syncthreads and spin-wait); with collectives, each warp as 32 fibers.
 void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body);
 // A stream operation: runs now, or, while s is capturing, joins the graph being captured (and runs when the
 // graph is launched).
 void enqueue(cudaStream_t s, std::function<void()> op);
 
+// A spin-wait's pause (sleep_ns): another block's turn; dies in a grid whose blocks run one after another.
+void spin_pause();
 void syncwarp();
 void syncthreads();
 float shfl_xor(float v, int lane_mask);
@@ -67,7 +70,8 @@ template <class T>
 inline T __ldcg(const T* p) {
   return ::strata_cuda::emu::load(p);
 }
-// Blocks run one after another: atomics and fences need nothing more.
+// One block runs at a time, and blocks change turns only at __syncthreads and spin-waits: atomics and fences
+// need nothing more.
 inline int atomicAdd(int* p, int v) {
   const int old = *p;
   *p = old + v;

@@ -233,7 +233,8 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 }
 
 // A flag between blocks of one launch, read with ld.acquire at GPU scope (the writer: __threadfence, then an
-// atomic; the emulation runs blocks one after another: a plain read). sleep_ns: a pause in a wait loop.
+// atomic; the emulation runs one block at a time: a plain read). sleep_ns: a pause in a wait loop (the
+// emulation: another block's turn).
 __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
 #if defined(STRATA_CUDA_EMULATE)
   return *p;
@@ -259,6 +260,7 @@ __device__ __forceinline__ int ld_shared_past(const int* p, int after) {
 __device__ __forceinline__ void sleep_ns(unsigned ns) {
 #if defined(STRATA_CUDA_EMULATE)
   (void)ns;
+  emu::spin_pause();
 #else
   __nanosleep(ns);
 #endif

@@ -10,16 +10,19 @@
 // No deadlock whatever the block scheduling: a block only ever waits (in a down tile) for gate/up tiles, whose
 // tickets are smaller; a gate/up tile waits only for the previous launch, and its ticket is held by a block
 // that is running: the block took it either for its first tile or, persistent, as its next ticket while it
-// ran an earlier tile, itself a gate/up tile (tickets grow), which ends without waiting. So the smallest
+// ran an earlier tile (mode 1: near its end; streaming: as it started), itself a gate/up tile (tickets
+// grow), which ends without waiting. So the smallest
 // unfinished ticket always makes progress (also with several groups' layer kernels in flight). The counters
 // live in the group's device buffer, zeroed by the copy of the group's head before each launch.
 //
 // Persistent (LayerWork::persistent): the launch has as many blocks as the device holds at once and each takes
 // tiles until the tickets run out. Between two tiles a block's slot would otherwise sit without a load in
 // flight while the block retires, the next one launches, takes its ticket (an atomic round trip), reads its
-// work item and waits for its first weights; here the next ticket is taken as the current tile's last two
-// batches begin, and the next tile's first two batches are requested right after the current tile's staging
-// barrier, before its epilogue, count and encoding (LayerCarry, tc_q4_tile's carry hooks).
+// work item and waits for its first weights; here (mode 1) the next ticket is taken as the current tile's last
+// two batches begin, and the next tile's first two batches are requested right after the current tile's
+// staging barrier, before its epilogue, count and encoding; streaming (mode 2), the next ticket is taken as the
+// current tile starts and each warp requests the next tile's first two batches as soon as their registers are
+// free, during the current tile's last two (LayerCarry, tc_q4_tile's carry hooks).
 #pragma once
 
 #include "encode_i8.cuh"
@@ -62,9 +65,9 @@ __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Re
 // as soon as the current tile needs that buffer no more (run_batches' freed), during the current tile's last
 // batches, so its loads in flight never drop to none between two tiles (a warp without a whole batch in this
 // tile loads them after the staging barrier, as in mode 1). So thread 0 takes the next ticket as the tile
-// starts and publishes it in s_next when its warp first frees a buffer, or before the staging barrier (so the
-// atomic's latency is waited on late, and before any barrier that warps waiting for the ticket must reach);
-// readers wait until s_next is past the current ticket, so it needs no reset.
+// starts and publishes it in s_next as its warp's last two batches begin (near_end), or at the latest before
+// the staging barrier (so the atomic's latency is waited on late, and before any barrier that warps waiting
+// for the ticket must reach); readers wait until s_next is past the current ticket, so it needs no reset.
 template <int FMT, bool STREAM>
 struct LayerCarry {
   static constexpr bool kOn = true;
@@ -82,7 +85,11 @@ struct LayerCarry {
   __device__ __forceinline__ I8Regs& regs() { return r; }
   __device__ __forceinline__ int primed() const { return primed_; }
   __device__ __forceinline__ void near_end() {
-    if (!STREAM && lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
+    if (STREAM) {
+      publish();  // (the first of near_end, freed and before_stage: warps with fewer batches wait less)
+      return;
+    }
+    if (lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
   }
   __device__ __forceinline__ void publish() {
     if (threadIdx.x == 0 && !published) {
@@ -92,9 +99,10 @@ struct LayerCarry {
   }
   __device__ __forceinline__ int next_ticket() {  // streaming
     publish();
-    if (!known) {
+    if (!known) {  // (warp-uniform)
       next_all = ld_shared_past(s_next, t);
       known = true;
+      __syncwarp();  // (the lanes left the wait at different times; the next mma.sync needs them together)
     }
     return next_all;
   }
@@ -198,7 +206,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
 template <auto kernel>
 int layer_blocks(int tiles) {
 #if defined(STRATA_CUDA_EMULATE)
-  return tiles < 3 ? tiles : 3;  // (blocks run one after another there: the first takes every ticket)
+  return tiles < 3 ? tiles : 3;  // (3 blocks there, taking turns at each __syncthreads: interleaved tickets)
 #else
   // Resident blocks of this instance on the current device (one kind of device per process; a query per
   // instance, as their registers differ); 0 when the query fails.
