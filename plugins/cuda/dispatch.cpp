@@ -1121,7 +1121,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.first_down_launch);
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? settings_.layer_persistent : 0));  // (the layer kernel's grid, mode)
-  put(p.layer && settings_.layer_lean);        // (its instances: lean or B one unit ahead)
+  put(p.layer && settings_.layer_lean);           // (its instances: lean or B one unit ahead)
   put(head_in_launch(p) ? p.head_bytes + 1 : 0);  // (the head's copy and its size)
   put(p.sync_off);
   put(p.sync_bytes);
@@ -1218,9 +1218,8 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
+    lw.persistent = settings_.layer_persistent;  // (lean instances run 2 as 1: launch_tc_q4_layer)
     const bool lean = settings_.layer_lean;
-    // (the lean instances do not stream: there they run persistent in mode 1; see launch_tc_q4_layer)
-    lw.persistent = lean && settings_.layer_persistent == 2 ? 1 : settings_.layer_persistent;
     const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
                                              : launch_layer_q4row_tc(gu.nt, lean, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +

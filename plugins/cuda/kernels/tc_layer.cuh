@@ -30,29 +30,31 @@
 
 namespace strata_cuda {
 
-// Batch K (0, 1) of the tile of ticket t into r (none past the last ticket or past its item's rows): 1 if
-// loaded. prime_layer_tile: both; how many.
-template <int FMT, int K>
-__device__ __forceinline__ int prime_layer_batch(const LayerWork& lw, int t, I8Regs& r) {
+// f(item, bx, gate_up) for the tile of ticket t (gate_up: a std::bool_constant); 0 past the last ticket.
+template <class F>
+__device__ __forceinline__ int on_layer_tile(const LayerWork& lw, int t, F&& f) {
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return prime_i8_batch<FMT, true, K>(lw.items[i], t - i * lw.gu_tiles, r) ? 1 : 0;
+    return f(lw.items[i], t - i * lw.gu_tiles, std::true_type{});
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
-  return prime_i8_batch<FMT, false, K>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r) ? 1 : 0;
+  return f(lw.items[lw.n_items + i], d - i * lw.dn_tiles, std::false_type{});
 }
+// The first two batches (prime_layer_tile; how many) or batch K (prime_layer_batch; 1 if loaded) of the tile
+// of ticket t into r (none past the last ticket or past its item's rows).
 template <int FMT>
 __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
-  const int n_gu = lw.n_items * lw.gu_tiles;
-  if (t < n_gu) {
-    const int i = t / lw.gu_tiles;
-    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
-  }
-  const int d = t - n_gu, i = d / lw.dn_tiles;
-  if (i >= lw.n_items) return 0;
-  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
+  return on_layer_tile(lw, t, [&](const WorkItem& it, int bx, auto gu) {
+    return prime_i8_tile<FMT, decltype(gu)::value>(it, bx, r);
+  });
+}
+template <int FMT, int K>
+__device__ __forceinline__ int prime_layer_batch(const LayerWork& lw, int t, I8Regs& r) {
+  return on_layer_tile(lw, t, [&](const WorkItem& it, int bx, auto gu) {
+    return prime_i8_batch<FMT, decltype(gu)::value, K>(it, bx, r);
+  });
 }
 
 // The layer kernel's carry between a block's tiles (tc_q4_tile's hooks).
@@ -232,13 +234,12 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
 }
 
 // lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); lw.persistent 2: the streaming
-// instance (B-ahead only: in the lean ones' registers it spills, 200-300 bytes on sm_90; the caller runs lean
-// instances persistent in mode 1 instead).
+// instance, B-ahead only (in the lean ones' registers it spills, 200-300 bytes on sm_90): a lean instance, like
+// every instance without STREAM, runs any persistent mode as mode 1.
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  if (lean && lw.persistent == 2) return cudaErrorInvalidValue;
-  const bool stream = lw.persistent == 2;
+  const bool stream = lw.persistent == 2 && !lean;
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
   if (nt == 1 && stream) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);

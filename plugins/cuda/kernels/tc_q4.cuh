@@ -215,37 +215,42 @@ struct I8Regs {
   uint4 wa[2][2], wb[2][2];
   float4 sa[2], sb[2];
 };
-// Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
+// This thread's weight stream over its warp's slice of tile bx of `it`, and the slice's whole batches; false:
+// the tile is past the item's rows.
 template <int FMT, bool GATE_UP>
-__device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  WarpSlice ws;
-  if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return 0;
-  constexpr bool kGrouped = FMT == kQ4G64;
-  WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
-  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
-  if (nb > 0) load_i8_batch<kGrouped>(r.wa, r.sa, st);
-  if (nb > 1) load_i8_batch<kGrouped>(r.wb, r.sb, st);
-  return imin(nb, 2);
-}
-// Loads batch K (0 into wa, 1 into wb) of tile bx of `it` (this thread's warp's slice) into r; false: the
-// slice has no such batch.
-template <int FMT, bool GATE_UP, int K>
-__device__ __forceinline__ bool prime_i8_batch(const WorkItem& it, int bx, I8Regs& r) {
-  static_assert(K == 0 || K == 1, "the first two batches");
+__device__ __forceinline__ bool tile_stream(const WorkItem& it, int bx, WeightStream& st, int& nb) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
   if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return false;
-  constexpr bool kGrouped = FMT == kQ4G64;
-  WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
-  if ((ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U <= K) return false;
-  if (K == 0) {
-    load_i8_batch<kGrouped>(r.wa, r.sa, st);
-  } else {
-    skip_i8_batch<kGrouped>(st);
-    load_i8_batch<kGrouped>(r.wb, r.sb, st);
-  }
+  st = weight_stream<FMT == kQ4G64>(ws, lane & 3);
+  nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
   return true;
+}
+// Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
+template <int FMT, bool GATE_UP>
+__device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
+  WeightStream st{};
+  int nb = 0;
+  if (!tile_stream<FMT, GATE_UP>(it, bx, st, nb)) return 0;
+  if (nb > 0) load_i8_batch<FMT == kQ4G64>(r.wa, r.sa, st);
+  if (nb > 1) load_i8_batch<FMT == kQ4G64>(r.wb, r.sb, st);
+  return imin(nb, 2);
+}
+// Loads batch K (0 into wa, 1 into wb) of tile bx of `it` (this thread's warp's slice) into r; 1, or 0 when
+// the slice has no such batch.
+template <int FMT, bool GATE_UP, int K>
+__device__ __forceinline__ int prime_i8_batch(const WorkItem& it, int bx, I8Regs& r) {
+  static_assert(K == 0 || K == 1, "the first two batches");
+  WeightStream st{};
+  int nb = 0;
+  if (!tile_stream<FMT, GATE_UP>(it, bx, st, nb) || nb <= K) return 0;
+  if constexpr (K == 0) {
+    load_i8_batch<FMT == kQ4G64>(r.wa, r.sa, st);
+  } else {
+    skip_i8_batch<FMT == kQ4G64>(st);
+    load_i8_batch<FMT == kQ4G64>(r.wb, r.sb, st);
+  }
+  return 1;
 }
 
 // What a tile does for the launch around it beyond its own work (the persistent layer kernel; NoCarry: nothing).
