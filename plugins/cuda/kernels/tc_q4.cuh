@@ -45,10 +45,13 @@
 
 namespace strata_cuda {
 
-// Blocks per SM asked of the register allocator (sm_90, no spills in the main loop). W4A16 (bf16): gate/up
-// with 1 n-tile 96 registers (20 warps per SM), 2 n-tiles 128 (16), 3-4 n-tiles 168 (12); linear (its
-// epilogue needs a few more) one step less below 3 n-tiles. Exact (int8, units of two groups): 128 registers
-// (16 warps per SM) with 1 n-tile, 168 (12) with more.
+// Blocks per SM asked of the register allocator. W4A16 (bf16): gate/up with 1 n-tile 96 registers (20 warps
+// per SM), 2 n-tiles 128 (16), 3-4 n-tiles 168 (12); linear (its epilogue needs a few more) one step less
+// below 3 n-tiles. Exact (int8, units of two groups): 128 registers (16 warps per SM) with 1 n-tile, 168 (12)
+// with more. sm_90, nvcc 13 (tools/sass_loops.py): the exact instances up to 2 n-tiles and the layer kernel's
+// have no spill; 2-8 spill loads (from L1) run in each main-loop iteration of 32-128 mma in the W4A16 gate/up
+// instances, the W4A16 Q4_G64 4-n-tile linear, the exact 4-n-tile gate/up and the exact Q4_ROW 4-n-tile
+// linear (so since 4782298 at least); not measured against asking a block less.
 constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
   if (s == kI8Splits) return nt <= 1 ? 4 : 3;
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
