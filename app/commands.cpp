@@ -142,11 +142,13 @@ int cmd_plugins(const CommonOptions& o) {
     fmt::print("  {}{}\n", d.string(), fs::is_directory(d) ? "" : "  (absent)");
   std::string dense_name, expert_names;
   std::string choose_error;
+  std::vector<std::string> skipped;
   try {
     const Backends b = choose_backends(reg, cfg);
     dense_name = std::string(b.dense->name());
     for (const auto& e : b.experts)
       expert_names += (expert_names.empty() ? "" : ",") + std::string(e->name());
+    skipped = b.skipped;
   } catch (const Error& e) {
     choose_error = e.what();
   }
@@ -169,6 +171,7 @@ int cmd_plugins(const CommonOptions& o) {
     fmt::print("  {:<14} {}\n", "", p.file.string());
   }
   if (!expert_names.empty()) fmt::print("experts preference: {}\n", expert_names);
+  for (const auto& line : skipped) fmt::print("{}\n", line);
   if (!choose_error.empty()) {
     fmt::print(stderr, "strata: {}\n", choose_error);
     return 1;

@@ -187,11 +187,27 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
   if (config.backends.experts.empty()) {
     for (const auto* p : ranked) out.experts.push_back(make(p));
   } else {
+    // An ordered preference: a plugin that is here but cannot run on this machine (rejected, e.g. an ISA
+    // this CPU lacks) is skipped when another one of the list can; a name that is nowhere is an error.
+    std::vector<std::string> rejected;
     for (const auto& name : config.backends.experts) {
       const PluginRecord* p = registry.find(name);
-      if (p == nullptr) fail("backends", "backends.experts: {}", describe_missing(name));
-      out.experts.push_back(make(p));
+      if (p != nullptr) {
+        out.experts.push_back(make(p));
+        continue;
+      }
+      const bool present = std::any_of(registry.plugins().begin(), registry.plugins().end(),
+                                       [&](const PluginRecord& r) { return r.name == name; });
+      if (!present || config.backends.experts.size() == 1) {
+        fail("backends", "backends.experts: {}", describe_missing(name));
+      }
+      rejected.push_back(describe_missing(name));
     }
+    if (out.experts.empty()) {
+      fail("backends", "backends.experts: none of the listed plugins can run here: {}",
+           fmt::join(rejected, "; "));
+    }
+    for (auto& r : rejected) out.skipped.push_back("backends.experts: skipped " + r);
   }
   return out;
 }

@@ -1,6 +1,6 @@
-// The vtable of an exact-mode CPU backend (shared by cpu_generic and cpu_avx512): error capture at the ABI
-// boundary, a oneTBB arena sized from the options, argument checks, dispatch to the drivers with the plugin's
-// own row-block dot kernel.
+// The vtable of an exact-mode CPU backend (shared by cpu_generic, cpu_avx512 and cpu_avx2): error capture at
+// the ABI boundary, a oneTBB arena sized from the options, argument checks, dispatch to the drivers with the
+// plugin's own row-block dot kernel.
 #pragma once
 
 #include <tbb/task_arena.h>

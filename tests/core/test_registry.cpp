@@ -37,6 +37,15 @@ TEST_CASE("the build's plugins are found, versioned and scored") {
   } else {
     CHECK(a->reason.find("AVX-512") != std::string::npos);
   }
+  const PluginRecord* v = record(reg, "cpu_avx2");
+  REQUIRE(v != nullptr);
+  if (v->usable) {
+    CHECK(v->score > g->score);
+    CHECK(v->score > 50);  // above the cuda plugin's (dense stays on the CPU), below cpu_avx512's
+    CHECK((!a->usable || a->score > v->score));
+  } else {
+    CHECK(v->reason.find("AVX2") != std::string::npos);
+  }
 }
 
 TEST_CASE("broken plugins are rejected with the reason") {
@@ -70,16 +79,30 @@ TEST_CASE("the same plugin found twice: the first wins, the second is reported a
   CHECK(shadowed == 1);
 }
 
-TEST_CASE("the AVX-512 plugin scores 0 when its probe says no") {
+TEST_CASE("the AVX-512 and AVX2 plugins score 0 when their probes say no") {
   ::setenv("STRATA_CPU_AVX512_PROBE", "off", 1);
   ::setenv("STRATA_CUDA_PROBE", "off", 1);  // and no GPU plugin either, on hosts that have one
+  {
+    // An AVX2 machine without AVX-512 (a desktop Intel or Zen 3): auto choice takes cpu_avx2 where it runs.
+    PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR)});
+    const PluginRecord* a = record(reg, "cpu_avx512");
+    REQUIRE(a != nullptr);
+    CHECK(!a->usable);
+    CHECK(a->reason.find("forced off") != std::string::npos);
+    const PluginRecord* v = record(reg, "cpu_avx2");
+    REQUIRE(v != nullptr);
+    const Backends b = choose_backends(reg, RuntimeConfig{});
+    CHECK(b.dense->name() == (v->usable ? "cpu_avx2" : "cpu_generic"));
+  }
+  ::setenv("STRATA_CPU_AVX2_PROBE", "off", 1);
   PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR)});
   ::unsetenv("STRATA_CPU_AVX512_PROBE");
+  ::unsetenv("STRATA_CPU_AVX2_PROBE");
   ::unsetenv("STRATA_CUDA_PROBE");
-  const PluginRecord* a = record(reg, "cpu_avx512");
-  REQUIRE(a != nullptr);
-  CHECK(!a->usable);
-  CHECK(a->reason.find("forced off") != std::string::npos);
+  const PluginRecord* v = record(reg, "cpu_avx2");
+  REQUIRE(v != nullptr);
+  CHECK(!v->usable);
+  CHECK(v->reason == "score 0: AVX2 probe forced off by STRATA_CPU_AVX2_PROBE=off");
   // Auto choice then falls back to the portable plugin.
   const Backends b = choose_backends(reg, RuntimeConfig{});
   CHECK(b.dense->name() == "cpu_generic");
@@ -113,6 +136,36 @@ TEST_CASE("backend choice from the config") {
   PluginRegistry mixed({fs::path(STRATA_TEST_PLUGIN_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR)});
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
+  // The experts list is an ordered preference: a listed plugin that cannot run here is passed over (and
+  // said so) when another one can; alone, or with a name found nowhere, it is an error.
+  cfg.backends.dense = "cpu_generic";
+  cfg.backends.experts = {"score_zero", "cpu_generic"};
+  const Backends m = choose_backends(mixed, cfg);
+  REQUIRE(m.experts.size() == 1);
+  CHECK(m.experts.front()->name() == "cpu_generic");
+  REQUIRE(m.skipped.size() == 1);
+  CHECK(m.skipped.front().find("skipped plugin 'score_zero' was rejected: score 0") != std::string::npos);
+  cfg.backends.experts = {"score_zero"};
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
+  cfg.backends.experts = {"score_zero", "score_zero"};
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("none of the listed plugins can run here"), Error);
+  cfg.backends.experts = {"cuda_nonexistent", "cpu_generic"};
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);
+}
+
+TEST_CASE("configs/cpu-only.yaml runs on a CPU without AVX-512") {
+  ::setenv("STRATA_CPU_AVX512_PROBE", "off", 1);
+  PluginRegistry reg({fs::path(STRATA_PLUGIN_BUILD_DIR)});
+  ::unsetenv("STRATA_CPU_AVX512_PROBE");
+  const RuntimeConfig cfg = load_runtime_config(fs::path(STRATA_SOURCE_DIR) / "configs" / "cpu-only.yaml");
+  const Backends b = choose_backends(reg, cfg);
+  REQUIRE(!b.experts.empty());
+  CHECK(b.experts.front()->name() == (reg.find("cpu_avx2") != nullptr ? "cpu_avx2" : "cpu_generic"));
+  REQUIRE(!b.skipped.empty());
+  CHECK(b.skipped.front().find("cpu_avx512") != std::string::npos);
 }
 
 TEST_CASE(

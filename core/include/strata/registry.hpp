@@ -59,6 +59,8 @@ struct Backends {
   std::shared_ptr<Backend> dense;
   std::vector<std::shared_ptr<Backend>> experts;
   std::string dense_reason;  // "configured" or "auto: highest score"
+  // Listed expert plugins that cannot run on this machine and were passed over, each with the reason.
+  std::vector<std::string> skipped;
   // Picks the expert backend for a format; errors when none of the chosen ones supports it.
   const Backend& expert_backend_for(WeightFormat f) const;
 };

@@ -148,8 +148,8 @@ inline bool is_q4_format(int32_t dtype) {
 }
 
 // y[s * y_stride + j] = W[o0 + j] · x_s for j in [0, o1 - o0), s in [0, n_x): one canonical dot per output.
-// Each x_s is in blocked layout at xb + s * xb_stride (xb_stride >= blocked_cols(W.cols)). Implemented once
-// portable and once with AVX-512; both must agree bit for bit.
+// Each x_s is in blocked layout at xb + s * xb_stride (xb_stride >= blocked_cols(W.cols)). Implemented
+// portable, with AVX-512 and with AVX2; all must agree bit for bit.
 using DotBlockFn = void (*)(const strata_matrix& w, int64_t o0, int64_t o1, const float* x, int64_t n_x,
                             int64_t x_stride, float* y, int64_t y_stride);
 
