@@ -183,6 +183,7 @@ class CudaBackend {
   void plan_matmul(Plan& p, const strata_matrix& w, const float* x, int64_t n_x_rows);
 
   int device_;
+  int sm_major_ = 9;  // the device's compute capability major (8: no programmatic dependent launches)
   Settings settings_;
   std::atomic<int> fail_next_{0};
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly

@@ -408,10 +408,10 @@ std::string cuda_unavailable_reason() {
       (void)cudaGetLastError();
       continue;
     }
-    if (major >= 9) return "";
+    if (major >= 8) return "";
     found += (found.empty() ? "" : ", ") + std::string("sm_") + std::to_string(major) + std::to_string(minor);
   }
-  return "no CUDA device of compute capability 9.0 or newer (found " +
+  return "no CUDA device of compute capability 8.0 or newer (found " +
          (found.empty() ? "none usable" : found) + ")";
 }
 
@@ -432,11 +432,12 @@ CudaBackend::CudaBackend(int device) : device_(device) {
             "cudaDeviceGetAttribute");
   STRATA_CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
             "cudaDeviceGetAttribute");
-  if (major < 9) {
+  if (major < 8) {
     throw Failure(STRATA_ERR_UNSUPPORTED, "cuda device " + std::to_string(device) + " is sm_" +
                                               std::to_string(major) + std::to_string(minor) +
-                                              "; this plugin needs sm_90 or newer");
+                                              "; this plugin needs sm_80 or newer");
   }
+  sm_major_ = major;
   STRATA_CK(cudaSetDevice(device), "cudaSetDevice");
   STRATA_CK(cudaFree(nullptr), "context creation");
   if (const char* v = std::getenv("STRATA_CUDA_W4A16_MIN_ROWS")) {
@@ -453,6 +454,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
+  if (sm_major_ < 9) settings_.pdl = false;  // programmatic dependent launches are sm_90's (griddepcontrol)
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPH_HEAD")) settings_.graph_head = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;

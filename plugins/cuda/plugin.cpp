@@ -175,7 +175,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
     v.name = STRATA_CUDA_PLUGIN_NAME;
     v.version = STRATA_VERSION;
     v.description =
-        "NVIDIA GPUs, sm_90+: int4 expert groups on tensor cores (f32-exact and W4A16), f32 SIMT for "
+        "NVIDIA GPUs, sm_80+: int4 expert groups on tensor cores (f32-exact and W4A16), f32 SIMT for "
         "float weights, device-resident weights, asynchronous groups";
     v.last_error = &last_error;
     v.create = &cuda_create;
@@ -197,7 +197,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   return &vtable;
 }
 
-// 0 with the reason when no driver, no device or none of sm_90+ (STRATA_CUDA_PROBE=off forces that answer,
+// 0 with the reason when no driver, no device or none of sm_80+ (STRATA_CUDA_PROBE=off forces that answer,
 // for tests). Otherwise 50: above cpu_generic, below cpu_avx512 and cpu_avx2. Until the core keeps weights
 // resident on the device (expert tiers), every call through this plugin copies its host weights over PCIe,
 // which is slower than an AVX-512 CPU reading them from RAM; so `auto` prefers it only over the portable

@@ -242,6 +242,57 @@ TEST_CASE("cuda plugin: built, found, and usable or rejected with the reason") {
   }
 }
 
+// sm_80, sm_86 and sm_89 (A100, RTX 30xx/40xx) run the same kernels without programmatic dependent launches
+// (griddepcontrol is sm_90's); older devices are refused with the reason. Only the emulation can pretend to
+// be another device (STRATA_CUDA_EMU_SM); its launches fail when one asks for a dependent launch below sm_90.
+TEST_CASE("cuda plugin on sm_8x: no programmatic dependent launches, the same bits; sm_75 refused") {
+  const PluginRecord* e = find_record("cuda_emu");
+  if (e == nullptr || !e->usable) {
+    MESSAGE("SKIPPED: needs the CPU emulation of the cuda plugin (cuda_emu)");
+    return;
+  }
+  std::mt19937 rng(880);
+  // Decode-sized groups of both int4 formats (the layer kernel after the preparation launch) and a prefill-
+  // sized one (separate launches), each launch of which would ask for a dependent launch on sm_90.
+  std::vector<Group> groups;
+  groups.emplace_back(rng, 200, 130, 3, std::vector<int>{1, 1, 2}, same_format(WeightFormat::Q4_G64, 3));
+  groups.emplace_back(rng, 130, 96, 2, std::vector<int>{1, 2}, same_format(WeightFormat::Q4_ROW, 2));
+  groups.emplace_back(rng, 96, 64, 40, std::vector<int>{0, 20, 33}, same_format(WeightFormat::Q4_G64, 3));
+  std::vector<std::vector<std::vector<float>>> want;
+  {
+    auto sm90 = make_backend(*e);
+    for (const auto& g : groups) want.push_back(g.run(*sm90));
+  }
+  for (const char* sm : {"80", "86", "89"}) {
+    CAPTURE(sm);
+    ::setenv("STRATA_CUDA_EMU_SM", sm, 1);
+    {
+      auto b = make_cuda_with_env(*e, "STRATA_CUDA_PDL", "1");  // (asked for, and still off there)
+      for (size_t i = 0; i < groups.size(); ++i) {
+        CAPTURE(i);
+        CHECK(groups[i].run(*b) == want[i]);
+      }
+      std::vector<std::vector<float>> out;
+      const auto t = groups[0].tasks(out);
+      PendingGroup pg = b->issue(groups[0].x.data(), groups[0].n_x, groups[0].hidden, t);
+      pg.take();
+      CHECK(out == want[0]);
+    }
+    ::unsetenv("STRATA_CUDA_EMU_SM");
+  }
+  ::setenv("STRATA_CUDA_EMU_SM", "75", 1);
+  PluginRegistry old(search_path());
+  ::unsetenv("STRATA_CUDA_EMU_SM");
+  bool seen = false;
+  for (const auto& p : old.plugins()) {
+    if (p.name != e->name) continue;
+    seen = true;
+    CHECK(!p.usable);
+    CHECK(p.reason.find("compute capability 8.0 or newer (found sm_75") != std::string::npos);
+  }
+  CHECK(seen);
+}
+
 static void gpu_case_1(const PluginRecord* rec) {
   auto ref = cpu_reference();
   auto cuda = make_backend(*rec);

@@ -528,6 +528,12 @@ bool capturing(cudaStream_t s) {
 
 namespace strata_cuda::emu {
 
+int sm_version() {
+  const char* v = std::getenv("STRATA_CUDA_EMU_SM");
+  const int sm = v != nullptr ? std::atoi(v) : 90;
+  return sm >= 10 ? sm : 90;
+}
+
 void enqueue(cudaStream_t s, std::function<void()> op) {
   if (capturing(s))
     stream_of(s)->capture->ops.push_back(std::move(op));
@@ -564,6 +570,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidDevice";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
     default:
       return "cudaErrorUnknown";
   }
@@ -587,9 +595,9 @@ const char* cudaGetErrorString(cudaError_t e) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
   if (attr == cudaDevAttrComputeCapabilityMajor)
-    *value = 9;
+    *value = strata_cuda::emu::sm_version() / 10;
   else if (attr == cudaDevAttrComputeCapabilityMinor)
-    *value = 0;
+    *value = strata_cuda::emu::sm_version() % 10;
   else
     *value = 0;
   return cudaSuccess;

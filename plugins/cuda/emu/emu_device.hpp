@@ -30,6 +30,11 @@ void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void(
 // graph is launched).
 void enqueue(cudaStream_t s, std::function<void()> op);
 
+// The emulated devices' compute capability as 10 major + minor: STRATA_CUDA_EMU_SM (read at every call, so a
+// test sets it around one backend), 90 by default. Below 90 a launch that asks for a programmatic dependent
+// launch fails, as the hardware has none.
+int sm_version();
+
 // A spin-wait's pause (sleep_ns): another block's turn; dies in a grid whose blocks run one after another.
 void spin_pause();
 void syncwarp();
