@@ -80,17 +80,16 @@ inline Decoded decode(const void* row, __m256 scale, int64_t i, int rem) {
     }
   } else {
     const auto* p = static_cast<const uint8_t*>(row) + i / 2;
-    __m128i b;
-    if (rem >= 32) {
-      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    } else {
-      alignas(16) uint8_t tmp[16];
+    alignas(16) uint8_t tmp[16];
+    if (rem < 32) {
       std::memset(tmp, 0x88, sizeof tmp);
       std::memcpy(tmp, p, static_cast<size_t>((rem + 1) / 2));
-      b = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+      p = tmp;
     }
-    // Byte j holds column 2j (low nibble) and 2j+1 (high nibble): bytes 0-7 are columns 0-15, 8-15 the rest.
-    const __m256i v0 = _mm256_cvtepu8_epi32(b), v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+    // Byte j holds column 2j (low nibble) and 2j+1 (high nibble): bytes 0-7 are columns 0-15, 8-15 the rest
+    // (each half zero-extended straight from memory: no shuffle to split a 16-byte load).
+    const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
     const __m256i low = _mm256_set1_epi32(0x0f);
     return {q4_values(_mm256_and_si256(v0, low), scale), q4_values(_mm256_and_si256(v1, low), scale),
             q4_values(_mm256_srli_epi32(v0, 4), scale), q4_values(_mm256_srli_epi32(v1, 4), scale)};
