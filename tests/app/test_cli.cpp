@@ -24,11 +24,21 @@ TEST_CASE("strata plugins lists the CPU plugins with scores and the choice") {
   std::string out;
   REQUIRE(run_command(bin() + " plugins", &out) == 0);
   CHECK(out.find("cpu_generic") != std::string::npos);
-  CHECK(out.find("cpu_avx512") != std::string::npos);
   CHECK(out.find("score    1") != std::string::npos);
   CHECK(out.find("chosen for dense") != std::string::npos);
+  if (!STRATA_X86_PLUGINS) {  // (not built off x86-64: only cpu_generic and, maybe, cuda)
+    CHECK(out.find("cpu_avx512") == std::string::npos);
+    return;
+  }
+  CHECK(out.find("cpu_avx512") != std::string::npos);
+  CHECK(out.find("cpu_avx2") != std::string::npos);
   REQUIRE(run_command("STRATA_CPU_AVX512_PROBE=off " + bin() + " plugins", &out) == 0);
   CHECK(out.find("rejected: score 0: AVX-512 probe forced off") != std::string::npos);
+  // configs/cpu-only.yaml lists cpu_avx512 first: where it cannot run, the next one that can takes the experts.
+  REQUIRE(run_command("STRATA_CPU_AVX512_PROBE=off " + bin() + " plugins --config " + STRATA_SOURCE_DIR +
+                          "/configs/cpu-only.yaml",
+                      &out) == 0);
+  CHECK(out.find("backends.experts: skipped plugin 'cpu_avx512' was rejected") != std::string::npos);
 }
 
 TEST_CASE("strata generate prints transformers' greedy tokens; logits writes the oracle file") {
