@@ -34,7 +34,7 @@ TEST_CASE("strata plugins lists the CPU plugins with scores and the choice") {
   CHECK(out.find("cpu_avx2") != std::string::npos);
   REQUIRE(run_command("STRATA_CPU_AVX512_PROBE=off " + bin() + " plugins", &out) == 0);
   CHECK(out.find("rejected: score 0: AVX-512 probe forced off") != std::string::npos);
-  // configs/cpu-only.yaml lists cpu_avx512 first: where it cannot run, the next one that can takes the experts.
+  // configs/cpu-only.yaml lists cpu_avx512 first: where it cannot run, the next listed one runs the experts.
   REQUIRE(run_command("STRATA_CPU_AVX512_PROBE=off " + bin() + " plugins --config " + STRATA_SOURCE_DIR +
                           "/configs/cpu-only.yaml",
                       &out) == 0);
