@@ -81,7 +81,9 @@ Loaded load(const ModelOptions& given, bool with_assets) {
       fmt::print(stderr, "loading {}: {}% ({}/{} layers, {:.1f} s)\n", name, 10 * decile, done, total, sec);
     }
   };
-  l.model = Model::load(o.model, choose_backends(*l.registry, l.config), lo);
+  Backends backends = choose_backends(*l.registry, l.config);
+  for (const auto& line : backends.skipped) fmt::print(stderr, "strata: {}\n", line);  // (a preference passed over)
+  l.model = Model::load(o.model, std::move(backends), lo);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tty) {
     const auto pc = l.model->param_counts();

@@ -267,6 +267,8 @@ int main(int argc, char** argv) {
       // SM (STRATA_CUDA_LAYER_LEAN), also A/B.
       const int persistent_default = b.settings().layer_persistent;
       const bool lean_default = b.settings().layer_lean;
+      // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
+      const bool pdl_default = b.settings().pdl;
       const int pd = persistent_default;
       const bool ld = lean_default;
       const int pa = pd == 0 ? 1 : 0, pb = pd == 2 ? 1 : 2;  // the other two modes
@@ -289,10 +291,11 @@ int main(int argc, char** argv) {
       for (const Variant& v : variants) {
         // (the lean instances do not stream: the streaming A/B row with lean on would be mode 1 again)
         if (v.lean && v.persistent == 2 && v.persistent != pd) continue;
+        if (!v.pdl && !pdl_default) continue;  // (every row runs without them already)
         const Pool& vp = v.tiles ? pool : pool_rows;
         b.settings().gemv_max_rows = v.gemv_max_rows;
         b.settings().force_simt = v.simt;
-        b.settings().pdl = v.pdl;
+        b.settings().pdl = v.pdl && pdl_default;
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
         b.settings().layer_lean = v.lean;
@@ -321,7 +324,7 @@ int main(int argc, char** argv) {
                      100 * qgbs / peak);
         }
       }
-      b.settings().pdl = true;
+      b.settings().pdl = pdl_default;
       b.settings().layer_kernel = true;
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;

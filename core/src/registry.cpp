@@ -187,8 +187,9 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
   if (config.backends.experts.empty()) {
     for (const auto* p : ranked) out.experts.push_back(make(p));
   } else {
-    // An ordered preference: a plugin that is here but cannot run on this machine (rejected, e.g. an ISA
-    // this CPU lacks) is skipped when another one of the list can; a name that is nowhere is an error.
+    // An ordered preference: a plugin that is here but says it cannot run on this machine (score 0: an ISA
+    // this CPU lacks, no GPU or driver) is skipped when another one of the list can, and said so (skipped);
+    // a name that is nowhere, or a plugin that failed to load (a broken install), is an error.
     std::vector<std::string> rejected;
     for (const auto& name : config.backends.experts) {
       const PluginRecord* p = registry.find(name);
@@ -196,9 +197,11 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
         out.experts.push_back(make(p));
         continue;
       }
-      const bool present = std::any_of(registry.plugins().begin(), registry.plugins().end(),
-                                       [&](const PluginRecord& r) { return r.name == name; });
-      if (!present || config.backends.experts.size() == 1) {
+      const bool cannot_run =
+          std::any_of(registry.plugins().begin(), registry.plugins().end(), [&](const PluginRecord& r) {
+            return r.name == name && !r.usable && r.reason.rfind("score 0", 0) == 0;
+          });
+      if (!cannot_run || config.backends.experts.size() == 1) {
         fail("backends", "backends.experts: {}", describe_missing(name));
       }
       rejected.push_back(describe_missing(name));

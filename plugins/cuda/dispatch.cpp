@@ -454,7 +454,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
-  if (sm_major_ < 9) settings_.pdl = false;  // programmatic dependent launches are sm_90's (griddepcontrol)
+  // Programmatic dependent launches need the device (sm_90+) and kernels that wait for them (griddepcontrol,
+  // compiled for compute_90+: not so when an sm_90 device runs a build's compute_80 PTX).
+  if (sm_major_ < 9 || kernels_ptx_version() < 90) settings_.pdl = false;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPH_HEAD")) settings_.graph_head = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;

@@ -160,6 +160,14 @@ TEST_CASE("backend choice from the config") {
   cfg.backends.experts = {"cuda_nonexistent", "cpu_generic"};
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);
+  // A plugin that failed to load (here: another ABI) is a broken install, not a machine that lacks something:
+  // an error even with another plugin after it.
+  cfg.backends.experts = {"bad_abi", "cpu_generic"};
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg), doctest::Contains("plugin 'bad_abi' was rejected: "), Error);
+  cfg.backends.experts = {"cpu_generic", "score_zero"};  // (skipped even after a usable one)
+  CHECK(choose_backends(mixed, cfg).skipped.size() == 1);
+  cfg.backends.experts = {"cpu_generic"};
+  CHECK(choose_backends(mixed, cfg).skipped.empty());
 }
 
 TEST_CASE("configs/cpu-only.yaml runs on a CPU without AVX-512, and off x86-64") {

@@ -243,14 +243,29 @@ TEST_CASE("cuda plugin: built, found, and usable or rejected with the reason") {
 }
 
 // sm_80, sm_86 and sm_89 (A100, RTX 30xx/40xx) run the same kernels without programmatic dependent launches
-// (griddepcontrol is sm_90's); older devices are refused with the reason. Only the emulation can pretend to
-// be another device (STRATA_CUDA_EMU_SM); its launches fail when one asks for a dependent launch below sm_90.
-TEST_CASE("cuda plugin on sm_8x: no programmatic dependent launches, the same bits; sm_75 refused") {
+// (griddepcontrol is sm_90's), and so does an sm_90 device running kernels compiled from compute_80 PTX (they
+// hold no griddepcontrol.wait); older devices are refused with the reason. Only the emulation can pose as
+// another device (STRATA_CUDA_EMU_SM, STRATA_CUDA_EMU_PTX); its launches fail when one asks for a dependent
+// launch there. (It checks the switch and the bookkeeping, not the device: the emulation has no dependent
+// launches to get wrong, and its grids do not depend on the SM count.)
+TEST_CASE("cuda plugin on sm_8x or compute_80 code: no programmatic dependent launches, the same bits") {
   const PluginRecord* e = find_record("cuda_emu");
   if (e == nullptr || !e->usable) {
     MESSAGE("SKIPPED: needs the CPU emulation of the cuda plugin (cuda_emu)");
     return;
   }
+  struct Env {  // set for one scope (unset also when a check throws)
+    std::vector<const char*> vars;
+    Env(std::initializer_list<std::pair<const char*, const char*>> kv) {
+      for (const auto& [k, v] : kv) {
+        ::setenv(k, v, 1);
+        vars.push_back(k);
+      }
+    }
+    ~Env() {
+      for (const char* k : vars) ::unsetenv(k);
+    }
+  };
   std::mt19937 rng(880);
   // Decode-sized groups of both int4 formats (the layer kernel after the preparation launch) and a prefill-
   // sized one (separate launches), each launch of which would ask for a dependent launch on sm_90.
@@ -263,34 +278,37 @@ TEST_CASE("cuda plugin on sm_8x: no programmatic dependent launches, the same bi
     auto sm90 = make_backend(*e);
     for (const auto& g : groups) want.push_back(g.run(*sm90));
   }
-  for (const char* sm : {"80", "86", "89"}) {
-    CAPTURE(sm);
-    ::setenv("STRATA_CUDA_EMU_SM", sm, 1);
-    {
-      auto b = make_cuda_with_env(*e, "STRATA_CUDA_PDL", "1");  // (asked for, and still off there)
-      for (size_t i = 0; i < groups.size(); ++i) {
-        CAPTURE(i);
-        CHECK(groups[i].run(*b) == want[i]);
-      }
-      std::vector<std::vector<float>> out;
-      const auto t = groups[0].tasks(out);
-      PendingGroup pg = b->issue(groups[0].x.data(), groups[0].n_x, groups[0].hidden, t);
-      pg.take();
-      CHECK(out == want[0]);
+  const std::pair<const char*, const char*> setups[] = {
+      {"80", "80"}, {"86", "86"}, {"89", "89"}, {"90", "80"}};
+  for (const auto& [sm, ptx] : setups) {
+    const std::string device = std::string("sm_") + sm + ", compute_" + ptx;
+    CAPTURE(device);
+    Env env{{"STRATA_CUDA_EMU_SM", sm}, {"STRATA_CUDA_EMU_PTX", ptx}};
+    auto b = make_cuda_with_env(*e, "STRATA_CUDA_PDL", "1");  // (asked for, and still off there)
+    for (size_t i = 0; i < groups.size(); ++i) {
+      CAPTURE(i);
+      CHECK(groups[i].run(*b) == want[i]);
     }
-    ::unsetenv("STRATA_CUDA_EMU_SM");
+    std::vector<std::vector<float>> out;
+    const auto t = groups[0].tasks(out);
+    PendingGroup pg = b->issue(groups[0].x.data(), groups[0].n_x, groups[0].hidden, t);
+    pg.take();
+    CHECK(out == want[0]);
   }
-  ::setenv("STRATA_CUDA_EMU_SM", "75", 1);
-  PluginRegistry old(search_path());
-  ::unsetenv("STRATA_CUDA_EMU_SM");
-  bool seen = false;
-  for (const auto& p : old.plugins()) {
-    if (p.name != e->name) continue;
-    seen = true;
-    CHECK(!p.usable);
-    CHECK(p.reason.find("compute capability 8.0 or newer (found sm_75") != std::string::npos);
+  {
+    Env env{{"STRATA_CUDA_EMU_SM", "75"}};
+    PluginRegistry old(search_path());
+    bool seen = false;
+    for (const auto& p : old.plugins()) {
+      if (p.name != e->name) continue;
+      seen = true;
+      CHECK(!p.usable);
+      CHECK(p.reason.find("compute capability 8.0 or newer (found sm_75") != std::string::npos);
+    }
+    CHECK(seen);
+    // A backend asked for anyway (the probe said no) refuses to start, with the reason.
+    CHECK_THROWS_WITH(make_backend(*e), doctest::Contains("is sm_75; this plugin needs sm_80 or newer"));
   }
-  CHECK(seen);
 }
 
 static void gpu_case_1(const PluginRecord* rec) {

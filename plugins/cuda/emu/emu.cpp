@@ -529,9 +529,15 @@ bool capturing(cudaStream_t s) {
 namespace strata_cuda::emu {
 
 int sm_version() {
-  const char* v = std::getenv("STRATA_CUDA_EMU_SM");
+  const char* v = std::getenv("STRATA_CUDA_EMU_SM");  // (an integer: 86, not 8.6)
   const int sm = v != nullptr ? std::atoi(v) : 90;
   return sm >= 10 ? sm : 90;
+}
+
+int ptx_version() {
+  const char* v = std::getenv("STRATA_CUDA_EMU_PTX");
+  const int ptx = v != nullptr ? std::atoi(v) : 0;
+  return ptx >= 10 ? ptx : sm_version();
 }
 
 void enqueue(cudaStream_t s, std::function<void()> op) {

@@ -34,6 +34,10 @@ void enqueue(cudaStream_t s, std::function<void()> op);
 // test sets it around one backend), 90 by default. Below 90 a launch that asks for a programmatic dependent
 // launch fails, as the hardware has none.
 int sm_version();
+// The PTX version the emulated kernels are "compiled from": STRATA_CUDA_EMU_PTX, else sm_version() (machine
+// code for the device itself). Below 90 they hold no griddepcontrol, and a launch asking for a dependent
+// launch fails too (on a GPU it would race).
+int ptx_version();
 
 // A spin-wait's pause (sleep_ns): another block's turn; dies in a grid whose blocks run one after another.
 void spin_pause();

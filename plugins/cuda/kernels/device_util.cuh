@@ -32,7 +32,8 @@ template <class... P, class... A>
 cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Queue& on, bool collectives,
                           A... args) {
 #if defined(STRATA_CUDA_EMULATE)
-  if (on.pdl && emu::sm_version() < 90) return cudaErrorNotSupported;  // (no griddepcontrol before sm_90)
+  // (no dependent launches before sm_90, and none with kernels built without griddepcontrol)
+  if (on.pdl && (emu::sm_version() < 90 || emu::ptx_version() < 90)) return cudaErrorNotSupported;
   // (captured: the arguments as they are now, as a graph's kernel node keeps them)
   emu::enqueue(on.stream, [=] { emu::run_grid(grid, block, collectives, [&] { kernel(args...); }); });
   return cudaSuccess;

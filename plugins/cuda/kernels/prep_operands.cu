@@ -50,6 +50,19 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
 
 }  // namespace
 
+int kernels_ptx_version() {
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::ptx_version();
+#else
+  cudaFuncAttributes a{};
+  if (cudaFuncGetAttributes(&a, &prep_operands_kernel) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return a.ptxVersion;
+#endif
+}
+
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on) {
   if (n_jobs <= 0) return cudaSuccess;
   return launch_kernel(&prep_operands_kernel, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)),

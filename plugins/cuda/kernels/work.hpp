@@ -133,6 +133,10 @@ struct Queue {
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
 // warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu).
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on);
+// The PTX version (10 major + minor) this build's kernels run from on the current device: 90 or more when
+// they hold griddepcontrol (compiled for compute_90+; a compute_80 PTX the driver compiled for an sm_90
+// device has none, so dependent launches must stay off there). 0 when the query fails.
+int kernels_ptx_version();
 // Tensor-core int4 kernels. splits: kI8Splits (exact mode) with nt in 1..4, or 1 (W4A16) with nt in {1, 2, 4}.
 cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
