@@ -71,8 +71,10 @@ TEST_CASE("matmul: every plugin equals cpu_generic bit for bit, and the referenc
   struct Shape {
     int64_t o, i, s;
   };
-  for (Shape sh : {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
-                   Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}}) {
+  // (4100 and 2113 columns with 3-5 x rows: GLM-width rows, several x rows, a tail)
+  for (Shape sh :
+       {Shape{1, 1, 1}, Shape{7, 13, 1}, Shape{33, 64, 3}, Shape{65, 100, 17}, Shape{130, 257, 5},
+        Shape{16, 2048, 2}, Shape{9, 129, 4}, Shape{5, 63, 6}, Shape{37, 4100, 5}, Shape{19, 2113, 3}}) {
     for (WeightFormat f : kFormats) {
       CAPTURE(sh.o);
       CAPTURE(sh.i);
