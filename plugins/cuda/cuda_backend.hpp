@@ -103,15 +103,18 @@ struct Settings {
   // weights loaded before the current tile's epilogue; 2 (streaming): the next ticket taken as the current
   // tile starts and each warp's next first weights loaded as soon as a register buffer is free, during the
   // current tile's last batches (a warp's loads in flight never drop to none between tiles). Same results bit
-  // for bit. 0 (a block per tile) until measured on a GPU (tools/device/layer_ab.sh). The lean instances do
-  // not stream (in their registers it spills): with layer_lean, 2 runs as 1.
-  // STRATA_CUDA_LAYER_PERSISTENT=0, 1 or 2.
-  int layer_persistent = 0;
+  // for bit. -1 (auto, the default): 1 at 2 n-tiles, 0 at 1 (H200, run52/54: with the lean instances 3-4
+  // rows 73.6-74.2 us queued against 74.2-75.0 a block per tile; at 1-2 rows ~1 us slower; streaming ~11 us
+  // slower at 1-2 rows: a block holding a ticket ahead leaves up to two tiles for the last wave). The lean
+  // instances do not stream (in their registers it spills): with lean on, 2 runs as 1.
+  // STRATA_CUDA_LAYER_PERSISTENT=0, 1 or 2 (at every n-tile count), auto.
+  int layer_persistent = -1;
   // The layer kernel with one block more per SM: each unit's B values loaded just before its k-steps instead
   // of one unit ahead (1-2 rows per expert: 5 blocks in 96 registers instead of 4 in 128; 3-4 rows: 4 in 128
-  // instead of 3 in 168). Same results bit for bit. Off until measured on a GPU (tools/device/layer_ab.sh).
-  // STRATA_CUDA_LAYER_LEAN=1: on.
-  bool layer_lean = false;
+  // instead of 3 in 168). Same results bit for bit. -1 (auto, the default): lean at 2 n-tiles only, where it
+  // measured faster (H200, run52: 3-4 rows 74.2-75.7 us queued against 74.9-75.8 for 8 experts, 266 against
+  // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1: always.
+  int layer_lean = -1;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;
@@ -135,6 +138,12 @@ class CudaBackend {
 
   int device() const { return device_; }
   Settings& settings() { return settings_; }
+  // Whether the layer kernel runs its lean instance at nt n-tiles (Settings::layer_lean).
+  bool layer_lean_for(int nt) const { return settings_.layer_lean > 0 || (settings_.layer_lean < 0 && nt == 2); }
+  // The layer kernel's persistent mode at nt n-tiles (Settings::layer_persistent).
+  int layer_persistent_for(int nt) const {
+    return settings_.layer_persistent >= 0 ? settings_.layer_persistent : nt == 2 ? 1 : 0;
+  }
   static bool supports(int32_t dtype) { return dtype >= kF32 && dtype <= kQ4G64; }
 
   void matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y);

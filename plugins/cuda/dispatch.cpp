@@ -461,9 +461,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_GRAPH_HEAD")) settings_.graph_head = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
-    settings_.layer_persistent = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "2") == 0 ? 2 : 1;
+    settings_.layer_persistent = std::strcmp(v, "0") == 0      ? 0
+                                 : std::strcmp(v, "2") == 0    ? 2
+                                 : std::strcmp(v, "auto") == 0 ? -1
+                                                               : 1;
   }
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) settings_.layer_lean = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) {
+    settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
+  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1124,9 +1129,9 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.n_jobs_first);
   put(p.first_down_launch);
   put(p.layer);
-  put(static_cast<uint64_t>(p.layer ? settings_.layer_persistent : 0));  // (the layer kernel's grid, mode)
-  put(p.layer && settings_.layer_lean);           // (its instances: lean or B one unit ahead)
-  put(head_in_launch(p) ? p.head_bytes + 1 : 0);  // (the head's copy and its size)
+  put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
+  put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
+  put(head_in_launch(p) ? p.head_bytes + 1 : 0);     // (the head's copy and its size)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1222,8 +1227,8 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
-    lw.persistent = settings_.layer_persistent;  // (lean instances run 2 as 1: launch_tc_q4_layer)
-    const bool lean = settings_.layer_lean;
+    lw.persistent = layer_persistent_for(gu.nt);  // (lean instances run 2 as 1: launch_tc_q4_layer)
+    const bool lean = layer_lean_for(gu.nt);
     const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
                                              : launch_layer_q4row_tc(gu.nt, lean, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
