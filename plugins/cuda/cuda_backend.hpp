@@ -86,11 +86,6 @@ struct Settings {
   // replayed as a CUDA graph: one host call instead of one per kernel (the host is busy with the CPU rows
   // beside it). STRATA_CUDA_GRAPHS=0: every kernel launched on its own.
   bool graphs = true;
-  // The copy of a group's head (x, rows, work items) is the first node of its captured graph instead of a
-  // copy of its own before the graph's launch: one driver call less per issue (bench_cuda's timed launches
-  // then include the copy too). Off until measured on a GPU (bench_cuda --latency). STRATA_CUDA_GRAPH_HEAD=1:
-  // on.
-  bool graph_head = false;
   // A decode group whose experts all run on the exact tensor cores (one format, up to 4 rows per expert: 2
   // n-tiles) is one launch after the operand preparation: the layer kernel (kernels/tc_layer.cuh) runs the
   // gate/up tiles and then the down tiles, each expert's down tiles as soon as its h is complete, instead of a
@@ -179,7 +174,6 @@ class CudaBackend {
   void ensure_capacity(Slot& s, const Plan& p);
   void stage(Slot& s, const Plan& p);   // inputs to the device (pinned head copy, host weights)
   void copy_head(Slot& s, const Plan& p);  // the pinned head to the device (in stage, or launch_direct)
-  bool head_in_launch(const Plan& p) const;  // launch_direct copies the head (Settings::graph_head)
   void launch_signature(std::string& k, const Plan& p) const;  // the graph cache's key (launch_graph)
   void launch(Slot& s, const Plan& p);  // the kernels: replayed as a CUDA graph when possible
   void launch_direct(Slot& s, const Plan& p);

@@ -458,7 +458,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // compiled for compute_90+: not so when an sm_90 device runs a build's compute_80 PTX).
   if (sm_major_ < 9 || kernels_ptx_version() < 90) settings_.pdl = false;
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_GRAPH_HEAD")) settings_.graph_head = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
     settings_.layer_persistent = std::strcmp(v, "0") == 0      ? 0
@@ -609,7 +608,9 @@ void CudaBackend::ensure_capacity(Slot& s, const Plan& p) {
   };
   const char* in_was = s.in;
   pinned(s.in, s.in_bytes, p.head_bytes, "input");
-  if (s.in != in_was) drop_graphs(s);  // (a graph may copy the head from the old buffer: graph_head)
+  // (No graph reads the pinned input buffer: the head's copy is its own call before the launch. The graphs
+  // of the old buffer are dropped all the same, so none could keep a stale address.)
+  if (s.in != in_was) drop_graphs(s);
   pinned(s.out, s.out_bytes, p.y_bytes, "output");
 }
 
@@ -1035,10 +1036,6 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
 // ---- execution
 // ---------------------------------------------------------------------------------------------
 
-bool CudaBackend::head_in_launch(const Plan& p) const {
-  return settings_.graph_head && !p.items.empty();  // (no launch: no head to copy)
-}
-
 void CudaBackend::copy_head(Slot& s, const Plan& p) {
   if (p.head_bytes > 0) {
     STRATA_CK(cudaMemcpyAsync(s.dev, s.in, p.head_bytes, cudaMemcpyHostToDevice, s.stream),
@@ -1089,7 +1086,7 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   }
   // The layer kernel's counters are in the head: its copy clears them (no memset node before the launch).
   if (p.layer) std::memset(s.in + p.sync_off, 0, p.sync_bytes);
-  if (!head_in_launch(p)) copy_head(s, p);
+  copy_head(s, p);
   // Host weights: padded rows (the padding zeroed), then the scales. From pageable memory these copies return
   // once the data is staged by the driver, so the caller's weights need not outlive the call.
   for (const Upload& u : p.uploads) {
@@ -1131,7 +1128,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
-  put(head_in_launch(p) ? p.head_bytes + 1 : 0);     // (the head's copy and its size)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1206,7 +1202,6 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
 void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
-  if (head_in_launch(p)) copy_head(s, p);  // (captured with the kernels: it reads s.in when the graph runs)
   auto prep = [&](size_t from, size_t to) {
     bool i8 = false;
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
