@@ -1,34 +1,7 @@
 // cpu_avx2: the exact-mode CPU kernels built for AVX2 + FMA + F16C (x86-64-v3: Haswell and later, every
 // Zen); this file (vtable and score) has no ISA flags.
-#include <cstdlib>
-#include <cstring>
-
 #include "cpu_plugin.hpp"
 #include "kernels/dot_block_avx2.hpp"
-
-namespace {
-
-// The probe runs on any x86-64 CPU: this translation unit is compiled without -mavx2, so nothing here can
-// raise SIGILL. STRATA_CPU_AVX2_PROBE=off forces the "not supported" answer (used by tests).
-bool avx2_usable(std::string* why) {
-  const char* force = std::getenv("STRATA_CPU_AVX2_PROBE");
-  if (force != nullptr && std::strcmp(force, "off") == 0) {
-    *why = "AVX2 probe forced off by STRATA_CPU_AVX2_PROBE=off";
-    return false;
-  }
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  const bool ok =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  if (!ok) *why = "this CPU lacks AVX2/FMA/F16C";
-  return ok;
-#else
-  *why = "not an x86-64 CPU";
-  return false;
-#endif
-}
-
-}  // namespace
 
 extern "C" {
 
@@ -38,15 +11,23 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   return &vtable;
 }
 
-// Below cpu_avx512 (100), which is faster where both run; above cuda (50), which until the core keeps dense
-// weights resident copies them over PCIe each call, and above cpu_generic (1).
+// 90 where the CPU has AVX2/FMA/F16C (STRATA_CPU_AVX2_PROBE=off forces 0, for tests): below cpu_avx512 (100),
+// which is faster where both run; above cuda (50), which until the core keeps dense weights resident copies
+// them over PCIe each call, and above cpu_generic (1).
 STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
-  std::string why;
-  if (!avx2_usable(&why)) {
-    strata_cpu::last_error_text() = why;
-    return 0;
-  }
-  return 90;
+  return strata_cpu::isa_score(
+      "AVX2", "STRATA_CPU_AVX2_PROBE",
+      [] {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_cpu_init();
+        const bool ok =
+            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return ok ? nullptr : "this CPU lacks AVX2/FMA/F16C";
+#else
+        return "not an x86-64 CPU";
+#endif
+      },
+      90);
 }
 
 }  // extern "C"

@@ -5,6 +5,8 @@
 
 #include <tbb/task_arena.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -22,6 +24,26 @@ inline std::string& last_error_text() {
 
 inline const char* last_error() {
   return last_error_text().c_str();
+}
+
+// The score of an ISA-specific plugin (cpu_avx512, cpu_avx2): 0, with the reason as the last error, when
+// <probe_env>=off forces "no" (tests) or missing() names what this CPU lacks; else `score`. missing() runs in
+// the plugin's probe translation unit, compiled without ISA flags (__builtin_cpu_supports), so it cannot
+// raise SIGILL; nullptr: all there.
+template <class Missing>
+uint32_t isa_score(const char* isa, const char* probe_env, Missing&& missing, uint32_t score) {
+  const char* force = std::getenv(probe_env);
+  const char* lacks = nullptr;
+  std::string why;
+  if (force != nullptr && std::strcmp(force, "off") == 0) {
+    why = std::string(isa) + " probe forced off by " + probe_env + "=off";
+  } else if ((lacks = missing()) != nullptr) {
+    why = lacks;
+  } else {
+    return score;
+  }
+  last_error_text() = why;
+  return 0;
 }
 
 inline strata_status fail(strata_status status, std::string message) {
