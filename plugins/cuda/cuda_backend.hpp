@@ -173,7 +173,7 @@ class CudaBackend {
   void release_slot(Slot* s) noexcept;
   void ensure_capacity(Slot& s, const Plan& p);
   void stage(Slot& s, const Plan& p);   // inputs to the device (pinned head copy, host weights)
-  void copy_head(Slot& s, const Plan& p);  // the pinned head to the device (in stage, or launch_direct)
+  void copy_head(Slot& s, const Plan& p);  // the pinned head to the device (in stage)
   void launch_signature(std::string& k, const Plan& p) const;  // the graph cache's key (launch_graph)
   void launch(Slot& s, const Plan& p);  // the kernels: replayed as a CUDA graph when possible
   void launch_direct(Slot& s, const Plan& p);
