@@ -262,29 +262,25 @@ int main(int argc, char** argv) {
         int lean;  // Settings::layer_lean: -1 auto (lean at 2 n-tiles), 0 never, 1 always
         int min_rows, max_rows;
       };
-      // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1, 2: "tile/block", "persistent",
-      // "streaming") other than the default, A/B in every run; "lean": its instances with one block more per
-      // SM (STRATA_CUDA_LAYER_LEAN), also A/B.
+      // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
+      // the default, A/B in every run; "lean": its instances with one block more per SM
+      // (STRATA_CUDA_LAYER_LEAN), also A/B.
       const int persistent_default = b.settings().layer_persistent;
       const int lean_default = b.settings().layer_lean;
       // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
       const bool pdl_default = b.settings().pdl;
       const int pd = persistent_default;
       const int ld = lean_default;
-      // the modes other than the default (all three when it is auto: -1, the lean/persistent choice per
-      // n-tile)
-      const int pa = pd == 0 ? 1 : 0, pb = pd == 2 ? 1 : 2, pc = pd < 0 ? 1 : -1;
+      // the modes other than the default (both when it is auto: -1, the lean/persistent choice per n-tile)
+      const int pa = pd == 0 ? 1 : 0, pb = pd < 0 ? 1 : -1;
       auto mode_name = [](int m) {
-        return m == 0   ? "tensor cores, exact, tile/block"
-               : m == 1 ? "tensor cores, exact, persistent"
-                        : "tensor cores, exact, streaming";
+        return m == 0 ? "tensor cores, exact, tile/block" : "tensor cores, exact, persistent";
       };
       const Variant variants[] = {
           {"gemv f32 (exact, opt-in)", -1, false, true, false, true, pd, ld, 1, 8},
           {"tensor cores, exact (default)", 0, false, true, true, true, pd, ld, 1, 8},
           {mode_name(pa), 0, false, true, true, true, pa, ld, 1, 8},
-          {mode_name(pb), 0, false, true, true, true, pb, ld, 1, 8},
-          {pc < 0 ? "" : mode_name(pc), 0, false, true, true, true, pc, ld, 1, 8},
+          {pb < 0 ? "" : mode_name(pb), 0, false, true, true, true, pb, ld, 1, 8},
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
@@ -292,10 +288,8 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
           {"SIMT f32", -1, true, true, false, true, pd, ld, 1, 4}};
       for (const Variant& v : variants) {
-        // (the lean instances do not stream: the streaming A/B row with lean on would be mode 1 again)
-        if (v.name[0] == '\0') continue;  // (no third mode row: the default is one of them)
-        if (v.lean == 1 && v.persistent == 2 && v.persistent != pd) continue;
-        const bool lean_ab = v.name == variants[5].name || v.name == variants[6].name;  // (B-ahead, lean)
+        if (v.name[0] == '\0') continue;  // (no second mode row: the default is one of them)
+        const bool lean_ab = v.name == variants[4].name || v.name == variants[5].name;  // (B-ahead, lean)
         if (lean_ab && v.lean == ld) continue;  // (the same as the default row)
         if (!v.pdl && !pdl_default) continue;   // (every row runs without them already)
         const Pool& vp = v.tiles ? pool : pool_rows;

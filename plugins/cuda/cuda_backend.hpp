@@ -88,27 +88,25 @@ struct Settings {
   bool graphs = true;
   // A decode group whose experts all run on the exact tensor cores (one format, up to 4 rows per expert: 2
   // n-tiles) is one launch after the operand preparation: the layer kernel (kernels/tc_layer.cuh) runs the
-  // gate/up tiles and then the down tiles, each expert's down tiles as soon as its h is complete, instead of a
-  // gate/up launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0: the
-  // three launches (A/B).
+  // gate/up tiles and then the down tiles, each expert's down tiles as soon as its h is complete, instead of
+  // a gate/up launch, a preparation launch and a down launch. Same results bit for bit. STRATA_CUDA_LAYER=0:
+  // the three launches (A/B).
   bool layer_kernel = true;
   // The layer kernel as a persistent launch: as many blocks as the device holds at once, each taking tiles
   // until none is left (so a block's slot never waits on a block launch, a ticket, a work item or its first
-  // loads). 1: the next tile's ticket taken as the current tile's last two load batches begin and its first
-  // weights loaded before the current tile's epilogue; 2 (streaming): the next ticket taken as the current
-  // tile starts and each warp's next first weights loaded as soon as a register buffer is free, during the
-  // current tile's last batches (a warp's loads in flight never drop to none between tiles). Same results bit
-  // for bit. -1 (auto, the default): 1 at 2 n-tiles, 0 at 1 (H200, run52/54: with the lean instances 3-4
-  // rows 73.6-74.2 us queued against 74.2-75.0 a block per tile; at 1-2 rows ~1 us slower; streaming ~11 us
-  // slower at 1-2 rows: a block holding a ticket ahead leaves up to two tiles for the last wave). The lean
-  // instances do not stream (in their registers it spills): with lean on, 2 runs as 1.
-  // STRATA_CUDA_LAYER_PERSISTENT=0, 1 or 2 (at every n-tile count), auto.
+  // loads): the next tile's ticket taken as the current tile's last two load batches begin and its first
+  // weights loaded before the current tile's epilogue. Same results bit for bit. -1 (auto, the default): on
+  // at 2 n-tiles, off at 1 (H200, run52/54: with the lean instances 3-4 rows 73.6-74.2 us queued against
+  // 74.2-75.0 a block per tile; at 1-2 rows ~1 us slower). STRATA_CUDA_LAYER_PERSISTENT=0 or 1 (at every
+  // n-tile count), auto. (A streaming form, the next ticket taken as a tile starts, measured ~11 us slower
+  // at every row count, run52, and is gone.)
   int layer_persistent = -1;
   // The layer kernel with one block more per SM: each unit's B values loaded just before its k-steps instead
   // of one unit ahead (1-2 rows per expert: 5 blocks in 96 registers instead of 4 in 128; 3-4 rows: 4 in 128
   // instead of 3 in 168). Same results bit for bit. -1 (auto, the default): lean at 2 n-tiles only, where it
   // measured faster (H200, run52: 3-4 rows 74.2-75.7 us queued against 74.9-75.8 for 8 experts, 266 against
-  // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1: always.
+  // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
+  // always.
   int layer_lean = -1;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
@@ -134,7 +132,9 @@ class CudaBackend {
   int device() const { return device_; }
   Settings& settings() { return settings_; }
   // Whether the layer kernel runs its lean instance at nt n-tiles (Settings::layer_lean).
-  bool layer_lean_for(int nt) const { return settings_.layer_lean > 0 || (settings_.layer_lean < 0 && nt == 2); }
+  bool layer_lean_for(int nt) const {
+    return settings_.layer_lean > 0 || (settings_.layer_lean < 0 && nt == 2);
+  }
   // The layer kernel's persistent mode at nt n-tiles (Settings::layer_persistent).
   int layer_persistent_for(int nt) const {
     return settings_.layer_persistent >= 0 ? settings_.layer_persistent : nt == 2 ? 1 : 0;
@@ -172,7 +172,7 @@ class CudaBackend {
   Slot* acquire_slot();
   void release_slot(Slot* s) noexcept;
   void ensure_capacity(Slot& s, const Plan& p);
-  void stage(Slot& s, const Plan& p);   // inputs to the device (pinned head copy, host weights)
+  void stage(Slot& s, const Plan& p);      // inputs to the device (pinned head copy, host weights)
   void copy_head(Slot& s, const Plan& p);  // the pinned head to the device (in stage)
   void launch_signature(std::string& k, const Plan& p) const;  // the graph cache's key (launch_graph)
   void launch(Slot& s, const Plan& p);  // the kernels: replayed as a CUDA graph when possible

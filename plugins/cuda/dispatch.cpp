@@ -460,10 +460,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_GRAPHS")) settings_.graphs = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER")) settings_.layer_kernel = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
-    settings_.layer_persistent = std::strcmp(v, "0") == 0      ? 0
-                                 : std::strcmp(v, "2") == 0    ? 2
-                                 : std::strcmp(v, "auto") == 0 ? -1
-                                                               : 1;
+    settings_.layer_persistent = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
@@ -1222,7 +1219,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
-    lw.persistent = layer_persistent_for(gu.nt);  // (lean instances run 2 as 1: launch_tc_q4_layer)
+    lw.persistent = layer_persistent_for(gu.nt);
     const bool lean = layer_lean_for(gu.nt);
     const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
                                              : launch_layer_q4row_tc(gu.nt, lean, lw, on);

@@ -246,19 +246,6 @@ __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
   return v;
 #endif
 }
-// A shared int written by one thread and read by others of its block without a barrier between (the streaming
-// layer kernel's next ticket): the store, and a read that waits until the value is past `after`. (The
-// emulation runs warp 0 up to its next barrier first, so the value is always there when read.)
-__device__ __forceinline__ void st_shared_volatile(int* p, int v) { *static_cast<volatile int*>(p) = v; }
-__device__ __forceinline__ int ld_shared_past(const int* p, int after) {
-  int v;
-  while ((v = *static_cast<const volatile int*>(p)) <= after) {
-#if defined(STRATA_CUDA_EMULATE)
-    emu::die("a shared value read before its write (the emulation would wait forever)");
-#endif
-  }
-  return v;
-}
 __device__ __forceinline__ void sleep_ns(unsigned ns) {
 #if defined(STRATA_CUDA_EMULATE)
   (void)ns;

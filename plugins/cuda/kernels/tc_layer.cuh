@@ -9,20 +9,20 @@
 //
 // No deadlock whatever the block scheduling: a block only ever waits (in a down tile) for gate/up tiles, whose
 // tickets are smaller; a gate/up tile waits only for the previous launch, and its ticket is held by a block
-// that is running: the block took it either for its first tile or, persistent, as its next ticket while it
-// ran an earlier tile (mode 1: near its end; streaming: as it started), itself a gate/up tile (tickets
-// grow), which ends without waiting. So the smallest
+// that is running: the block took it either for its first tile or, persistent, as its next ticket near the
+// end of an earlier tile, itself a gate/up tile (tickets grow), which ends without waiting. So the smallest
 // unfinished ticket always makes progress (also with several groups' layer kernels in flight). The counters
 // live in the group's device buffer, zeroed by the copy of the group's head before each launch.
 //
 // Persistent (LayerWork::persistent): the launch has as many blocks as the device holds at once and each takes
 // tiles until the tickets run out. Between two tiles a block's slot would otherwise sit without a load in
 // flight while the block retires, the next one launches, takes its ticket (an atomic round trip), reads its
-// work item and waits for its first weights; here (mode 1) the next ticket is taken as the current tile's last
-// two batches begin, and the next tile's first two batches are requested right after the current tile's
-// staging barrier, before its epilogue, count and encoding; streaming (mode 2), the next ticket is taken as the
-// current tile starts and each warp requests the next tile's first two batches as soon as their registers are
-// free, during the current tile's last two (LayerCarry, tc_q4_tile's carry hooks).
+// work item and waits for its first weights; here the next ticket is taken as the current tile's last two
+// batches begin, and the next tile's first two batches are requested right after the current tile's staging
+// barrier, before its epilogue, count and encoding. (A streaming form, which took the next ticket as a tile
+// started and loaded the next tile's first batches into each weight buffer as soon as it was free, measured
+// ~11 us slower at every row count, run52: a block holding a ticket ahead leaves up to two tiles to the last
+// wave. Removed.)
 #pragma once
 
 #include "encode_i8.cuh"
@@ -30,104 +30,44 @@
 
 namespace strata_cuda {
 
-// f(item, bx, gate_up) for the tile of ticket t (gate_up: a std::bool_constant); 0 past the last ticket.
-template <class F>
-__device__ __forceinline__ int on_layer_tile(const LayerWork& lw, int t, F&& f) {
+// The first two batches of the tile of ticket t into r (none past the last ticket or past its item's rows);
+// how many.
+template <int FMT>
+__device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return f(lw.items[i], t - i * lw.gu_tiles, std::true_type{});
+    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
-  return f(lw.items[lw.n_items + i], d - i * lw.dn_tiles, std::false_type{});
-}
-// The first two batches (prime_layer_tile; how many) or batch K (prime_layer_batch; 1 if loaded) of the tile
-// of ticket t into r (none past the last ticket or past its item's rows).
-template <int FMT>
-__device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
-  return on_layer_tile(lw, t, [&](const WorkItem& it, int bx, auto gu) {
-    return prime_i8_tile<FMT, decltype(gu)::value>(it, bx, r);
-  });
-}
-template <int FMT, int K>
-__device__ __forceinline__ int prime_layer_batch(const LayerWork& lw, int t, I8Regs& r) {
-  return on_layer_tile(lw, t, [&](const WorkItem& it, int bx, auto gu) {
-    return prime_i8_batch<FMT, decltype(gu)::value, K>(it, bx, r);
-  });
+  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
 }
 
-// The layer kernel's carry between a block's tiles (tc_q4_tile's hooks).
-// lw.persistent 1: thread 0 takes the next ticket as the tile's last two batches begin (the atomic's latency
-// hides behind them; taken earlier, a block would hold a ticket it cannot start for a whole tile), publishes it
-// before the epilogue's staging, and every thread loads its warp's first two batches of that tile into the
-// weight registers right after the staging barrier, so they arrive while this tile's epilogue (and a gate/up
-// tile's count and encoding) runs.
-// lw.persistent 2 (STREAM instances): every warp loads its next tile's first batches into each weight buffer
-// as soon as the current tile needs that buffer no more (run_batches' freed), during the current tile's last
-// batches, so its loads in flight never drop to none between two tiles (a warp without a whole batch in this
-// tile loads them after the staging barrier, as in mode 1). So thread 0 takes the next ticket as the tile
-// starts and publishes it in s_next as its warp's last two batches begin (near_end), or at the latest before
-// the staging barrier (so the atomic's latency is waited on late, and before any barrier that warps waiting
-// for the ticket must reach); readers wait until s_next is past the current ticket, so it needs no reset.
-template <int FMT, bool STREAM>
+// The layer kernel's carry between a block's tiles (tc_q4_tile's hooks), when lw.persistent: thread 0 takes
+// the next ticket as the tile's last two batches begin (the atomic's latency hides behind them; taken earlier,
+// a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
+// and every thread loads its warp's first two batches of that tile into the weight registers right after the
+// staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
+template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
   const LayerWork& lw;
   I8Regs& r;
   int& primed_;   // batches of the current tile already in r
   int* s_next;    // shared: the next ticket
-  int t;          // the current ticket
-  int next = -1;  // thread 0: the next ticket, once taken (mode 1; streaming: taken as the tile starts)
-  int next_all;   // every thread, after refill (streaming: once read): the next ticket (past the last one: none)
-  int loaded = 0;       // streaming: batches of the next tile loaded by freed
-  bool known = false;   // streaming: next_all read
-  bool hooked = false;  // streaming: freed ran
-  bool published = false;  // streaming, thread 0: next is in s_next
+  int next = -1;  // thread 0: the next ticket, once taken
+  int next_all;   // every thread, after refill: the next ticket (past the last one: none)
   __device__ __forceinline__ I8Regs& regs() { return r; }
   __device__ __forceinline__ int primed() const { return primed_; }
   __device__ __forceinline__ void near_end() {
-    if (STREAM) {
-      publish();  // (the first of near_end, freed and before_stage: warps with fewer batches wait less)
-      return;
-    }
     if (lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
   }
-  __device__ __forceinline__ void publish() {
-    if (threadIdx.x == 0 && !published) {
-      st_shared_volatile(s_next, next);
-      published = true;
-    }
-  }
-  __device__ __forceinline__ int next_ticket() {  // streaming
-    publish();
-    if (!known) {  // (warp-uniform)
-      next_all = ld_shared_past(s_next, t);
-      known = true;
-      __syncwarp();  // (the lanes left the wait at different times; the next mma.sync needs them together)
-    }
-    return next_all;
-  }
-  template <int K>
-  __device__ __forceinline__ void freed() {
-    if (!STREAM) return;
-    hooked = true;
-    loaded += prime_layer_batch<FMT, K>(lw, next_ticket(), r);
-  }
   __device__ __forceinline__ void before_stage() {
-    if (STREAM) {
-      publish();
-      return;
-    }
     near_end();  // (a tile with no whole batch, or skipped, never reached it)
     if (lw.persistent && threadIdx.x == 0) *s_next = next;
   }
   __device__ __forceinline__ void refill() {
-    if (STREAM) {
-      next_ticket();
-      primed_ = hooked ? loaded : prime_layer_tile<FMT>(lw, next_all, r);
-      return;
-    }
     if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
     next_all = *s_next;
     primed_ = prime_layer_tile<FMT>(lw, next_all, r);
@@ -145,7 +85,7 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-template <int FMT, int NT, bool LEAN = false, bool STREAM = false>
+template <int FMT, int NT, bool LEAN = false>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
@@ -163,8 +103,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
   int primed = 0;
   while (t < n_all) {
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
-    LayerCarry<FMT, STREAM> carry{
-        lw, regs, primed, &s_ticket, t, STREAM && threadIdx.x == 0 ? atomicAdd(lw.sync, 1) : -1, n_all};
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
       tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(lw.items[i], bx, [] { grid_dep_wait(); }, carry);
@@ -233,18 +172,13 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); lw.persistent 2: the streaming
-// instance, B-ahead only (in the lean ones' registers it spills, 200-300 bytes on sm_90): a lean instance, like
-// every instance without STREAM, runs any persistent mode as mode 1.
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  const bool stream = lw.persistent == 2 && !lean;
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
-  if (nt == 1 && stream) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
-  if (nt == 2 && stream) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, false, true>>(lw, on);
   if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);
   return cudaErrorInvalidValue;
 }

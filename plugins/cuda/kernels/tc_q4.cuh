@@ -64,16 +64,11 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
 // buffer; first(): what the first batch needs besides (its B values); run(w, s, last).
 // primed (0..2): the first batches already sit in wa (and wb), loaded by the tile before on this block (the
 // persistent layer kernel); skip_w() advances the pointers past one of them instead. near_end(): called once
-// as the last two batches begin (the layer kernel takes its next ticket there). freed(K) (K: an
-// std::integral_constant, 0 for wa, 1 for wb): once per buffer, as soon as this tile loads nothing more into
-// it (after its last batch ran; with one batch, wb together with wa), so that the next tile's first batches
-// can load there while this one's last runs.
-template <class W, class LoadW, class SkipW, class Wait, class First, class Run, class NearEnd, class Freed>
+// as the last two batches begin (the layer kernel takes its next ticket there).
+template <class W, class LoadW, class SkipW, class Wait, class First, class Run, class NearEnd>
 __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2], float4 (&sb)[2], LoadW&& load_w,
                                             SkipW&& skip_w, int primed, Wait&& wait_inputs, First&& first,
-                                            Run&& run, NearEnd&& near_end, Freed&& freed) {
-  using A = std::integral_constant<int, 0>;
-  using B = std::integral_constant<int, 1>;
+                                            Run&& run, NearEnd&& near_end) {
   if (nb > 0) {
     if (primed > 0)
       skip_w();
@@ -93,14 +88,9 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
     if (bi + 2 >= nb) near_end();
     if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
     run(wa, sa, bi + 1 == nb);
-    if (bi + 2 >= nb) {  // (no batch bi + 2 for wa)
-      freed(A{});
-      if (nb == 1) freed(B{});
-    }
     if (bi + 1 < nb) {
       if (bi + 2 < nb) load_w(wa, sa);
       run(wb, sb, bi + 2 == nb);
-      if (bi + 3 >= nb) freed(B{});  // (no batch bi + 3 for wb)
     }
   }
 }
@@ -218,56 +208,29 @@ struct I8Regs {
   uint4 wa[2][2], wb[2][2];
   float4 sa[2], sb[2];
 };
-// This thread's weight stream over its warp's slice of tile bx of `it`, and the slice's whole batches; false:
-// the tile is past the item's rows.
-template <int FMT, bool GATE_UP>
-__device__ __forceinline__ bool tile_stream(const WorkItem& it, int bx, WeightStream& st, int& nb) {
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  WarpSlice ws;
-  if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return false;
-  st = weight_stream<FMT == kQ4G64>(ws, lane & 3);
-  nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
-  return true;
-}
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
 template <int FMT, bool GATE_UP>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
-  WeightStream st{};
-  int nb = 0;
-  if (!tile_stream<FMT, GATE_UP>(it, bx, st, nb)) return 0;
-  if (nb > 0) load_i8_batch<FMT == kQ4G64>(r.wa, r.sa, st);
-  if (nb > 1) load_i8_batch<FMT == kQ4G64>(r.wb, r.sb, st);
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  WarpSlice ws;
+  if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return 0;
+  constexpr bool kGrouped = FMT == kQ4G64;
+  WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
+  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
+  if (nb > 0) load_i8_batch<kGrouped>(r.wa, r.sa, st);
+  if (nb > 1) load_i8_batch<kGrouped>(r.wb, r.sb, st);
   return imin(nb, 2);
-}
-// Loads batch K (0 into wa, 1 into wb) of tile bx of `it` (this thread's warp's slice) into r; 1, or 0 when
-// the slice has no such batch.
-template <int FMT, bool GATE_UP, int K>
-__device__ __forceinline__ int prime_i8_batch(const WorkItem& it, int bx, I8Regs& r) {
-  static_assert(K == 0 || K == 1, "the first two batches");
-  WeightStream st{};
-  int nb = 0;
-  if (!tile_stream<FMT, GATE_UP>(it, bx, st, nb) || nb <= K) return 0;
-  if constexpr (K == 0) {
-    load_i8_batch<FMT == kQ4G64>(r.wa, r.sa, st);
-  } else {
-    skip_i8_batch<FMT == kQ4G64>(st);
-    load_i8_batch<FMT == kQ4G64>(r.wb, r.sb, st);
-  }
-  return 1;
 }
 
 // What a tile does for the launch around it beyond its own work (the persistent layer kernel; NoCarry: nothing).
 // kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already; near_end()
 // as the last two batches begin; before_stage() before the epilogue's shared-memory staging; refill() right
 // after its barrier (the next tile's first loads, while this one's epilogue runs); skip() instead of all of
-// these for a tile past the item's rows (called by the whole block: it may hold a barrier); freed<K>() as
-// run_batches' freed (buffer K of regs() takes nothing more of this tile).
+// these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
-  template <int K>
-  __device__ __forceinline__ void freed() {}
   __device__ __forceinline__ void before_stage() {}
   __device__ __forceinline__ void refill() {}
   __device__ __forceinline__ void skip() {}
@@ -453,8 +416,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
-        run_batch, [&] { carry.near_end(); },
-        [&](auto k) { carry.template freed<decltype(k)::value>(); });
+        run_batch, [&] { carry.near_end(); });
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
@@ -577,7 +539,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         [&] {
           if (kAheadB) load_b(bc);
         },
-        run_batch, [] {}, [](auto) {});
+        run_batch, [] {});
     for (int r = nb * U; r < n_mine; ++r) {
       const int j = r - nb * U;  // within the last, partial batch
       const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;

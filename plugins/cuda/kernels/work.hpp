@@ -93,8 +93,7 @@ struct LayerWork {
                            // item its down operand's groups encoded, per item and 64-row group of h its
                            // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
-  int32_t persistent;  // 0: a block per tile; 1, 2: as many blocks as the device holds, each taking tiles in
-                       // turn (2: streaming; see tc_layer.cuh)
+  int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
 };
 
 // Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
