@@ -12,6 +12,8 @@
 //   decode:
 //      wall time from the issue to the take's return, back to back and after the device sat idle (the host
 //      computing attention), with the take's polling as set and with a 50 us poll before sleeping.
+// --timeline: instead of all that, where a GLM-5.2 layer launch's time goes at 1-4 rows: the layer kernel
+// records each tile's SM, start, inputs and end (the device's ns clock), summarised per launch.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -157,6 +159,65 @@ double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<flo
   return median(ms);
 }
 
+// The layer kernel's tile records of one launch (CudaBackend::time_expert_group's timeline), summarised:
+// times in us from the first tile's start. in flight: tiles between their inputs and their end (a tile
+// waiting for its inputs is not counted), per us.
+struct TimelineSummary {
+  double span = 0;          // the first tile's start to the last tile's end
+  double inputs_first = 0;  // the first and the median input time of the first wave (the previous launch)
+  double inputs_wave = 0;
+  double out = 0;                   // the last ticket's start: the tickets run out
+  double tile_gu = 0, tile_dn = 0;  // median tile time (inputs to end), gate/up and down
+  double down_wait = 0;             // the longest a down tile waited for its h (start to inputs)
+  int peak = 0;                     // most tiles in flight
+  double full_until = 0;            // the last us with at least 90 % of the peak in flight
+  std::vector<int> busy;            // tiles in flight per us
+};
+
+TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_tiles) {
+  namespace S = strata_cuda;
+  TimelineSummary r;
+  const size_t n = rec.size() / S::kTimelineWords;
+  if (n == 0) return r;
+  auto at = [&](size_t t, int k) { return rec[t * S::kTimelineWords + static_cast<size_t>(k)]; };
+  uint64_t t0 = UINT64_MAX, t_end = 0, t_out = 0;
+  for (size_t t = 0; t < n; ++t) {
+    if (at(t, S::kTimelineBegin) == 0) continue;  // (not run: none expected)
+    t0 = std::min(t0, at(t, S::kTimelineBegin));
+    t_end = std::max(t_end, at(t, S::kTimelineEnd));
+    t_out = std::max(t_out, at(t, S::kTimelineBegin));
+  }
+  if (t0 == UINT64_MAX) return r;
+  auto us = [&](uint64_t v) { return static_cast<double>(v - t0) * 1e-3; };
+  r.span = us(t_end);
+  r.out = us(t_out);
+  std::vector<double> first_inputs, gu, dn;
+  r.inputs_first = r.span;
+  r.busy.assign(static_cast<size_t>(r.span) + 1, 0);
+  for (size_t t = 0; t < n; ++t) {
+    const uint64_t b = at(t, S::kTimelineBegin), in = at(t, S::kTimelineInputs), e = at(t, S::kTimelineEnd);
+    if (b == 0 || in == 0) continue;  // (a tile past its item's rows: no inputs waited for)
+    if (us(b) < 1.0) {
+      first_inputs.push_back(us(in));
+      r.inputs_first = std::min(r.inputs_first, us(in));
+    }
+    (static_cast<int>(t) < n_gu_tiles ? gu : dn).push_back(static_cast<double>(e - in) * 1e-3);
+    if (static_cast<int>(t) >= n_gu_tiles)
+      r.down_wait = std::max(r.down_wait, static_cast<double>(in - b) * 1e-3);
+    for (size_t k = static_cast<size_t>(us(in)); k <= static_cast<size_t>(us(e)) && k < r.busy.size(); ++k) {
+      ++r.busy[k];
+    }
+  }
+  r.inputs_wave = first_inputs.empty() ? 0 : median(first_inputs);
+  r.tile_gu = gu.empty() ? 0 : median(gu);
+  r.tile_dn = dn.empty() ? 0 : median(dn);
+  for (int v : r.busy) r.peak = std::max(r.peak, v);
+  for (size_t k = 0; k < r.busy.size(); ++k) {
+    if (10 * r.busy[k] >= 9 * r.peak) r.full_until = static_cast<double>(k + 1);
+  }
+  return r;
+}
+
 double copy_bandwidth_gbs(int device, size_t bytes) {
   void *a = nullptr, *c = nullptr;
   cudaSetDevice(device);
@@ -201,6 +262,11 @@ int main(int argc, char** argv) {
   app.add_flag("--latency", latency_only, "only the GLM-5.2 layer's issue -> take wall time (suite 6)");
   bool layer_only = false;
   app.add_flag("--layer", layer_only, "only the GLM-5.2 decode layer's kernels (suite 2; for A/B runs)");
+  bool timeline = false;
+  app.add_flag(
+      "--timeline", timeline,
+      "only the GLM-5.2 layer at 1-4 rows with the layer kernel's tile timeline (where a launch's time "
+      "goes)");
   int layer_experts = 8;
   app.add_option(
          "--layer-experts", layer_experts,
@@ -234,7 +300,7 @@ int main(int argc, char** argv) {
     const int64_t H = smoke ? 256 : 6144, F = smoke ? 128 : 2048;
     const int layers = smoke ? 2 : 8;  // 8 x 151 MB: the L2 holds a small part of it
     for (int32_t dtype : {STRATA_DTYPE_Q4_G64, STRATA_DTYPE_Q4_ROW}) {
-      if (latency_only || (quick && dtype == STRATA_DTYPE_Q4_ROW)) continue;
+      if (latency_only || ((quick || timeline) && dtype == STRATA_DTYPE_Q4_ROW)) continue;
       // The same weights in both resident layouts: 16-row tiles (the default, the tensor cores' load order)
       // and rows in order (what the gemv and SIMT kernels read best).
       Pool pool, pool_rows;
@@ -248,6 +314,68 @@ int main(int argc, char** argv) {
           dtype == STRATA_DTYPE_Q4_G64 ? "Q4_G64" : "Q4_ROW", layer_experts, F, H, H, F,
           pool.bytes_per_expert / 1e6, layers);
       const double layer_bytes = static_cast<double>(layer_experts) * pool.bytes_per_expert;
+      if (timeline) {
+        // Each layer's group once per pass (cold: the other layers' weights went through the L2 between),
+        // queued behind a hold; the first pass warms up. Per launch: the event-timed µs, then the records.
+        fmt::print(
+            "timeline (default settings; us from the first tile's start; in flight: tiles between their "
+            "inputs "
+            "and their end):\n");
+        fmt::print("{:>4} {:>6} {:>7} {:>7} {:>13} {:>7} {:>7} {:>7} {:>11} {:>7} {:>6}\n", "rows", "pass",
+                   "queued", "span", "inputs 1st/wv", "out", "full", "tile gu", "tile dn", "dn wait", "peak");
+        for (int rows : {1, 2, 3, 4}) {
+          std::vector<float> x(static_cast<size_t>(rows * H));
+          std::normal_distribution<float> nd(0.0f, 1.0f);
+          for (auto& v : x) v = nd(rng);
+          std::vector<double> queued, span, full;
+          TimelineSummary last;
+          for (int pass = 0; pass <= rounds; ++pass) {
+            for (int l = 0; l < layers; ++l) {
+              Group g;
+              for (int e = 0; e < layer_experts; ++e) {
+                g.expert.push_back(l * layer_experts + e);
+                std::vector<int32_t> r(static_cast<size_t>(rows));
+                for (int i = 0; i < rows; ++i) r[static_cast<size_t>(i)] = i;
+                g.rows.push_back(r);
+              }
+              g.finalize(pool, H);
+              std::vector<uint64_t> rec;
+              const auto t = b.time_expert_group(x.data(), rows, H, static_cast<int32_t>(g.tasks.size()),
+                                                 g.tasks.data(), 1, 100, &rec);
+              if (pass == 0) continue;
+              // (gate/up tiles: 16 rows of F each, per expert)
+              const TimelineSummary sm =
+                  summarize_timeline(rec, layer_experts * static_cast<int>((F + 15) / 16));
+              queued.push_back(t.at(0) * 1e3);
+              span.push_back(sm.span);
+              full.push_back(sm.full_until);
+              if (l == 0) {
+                fmt::print(
+                    "{:>4} {:>6} {:>7.1f} {:>7.1f} {:>6.1f}/{:<6.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>11.1f} "
+                    "{:>7.1f} {:>6}\n",
+                    rows, pass, t.at(0) * 1e3, sm.span, sm.inputs_first, sm.inputs_wave, sm.out,
+                    sm.full_until, sm.tile_gu, sm.tile_dn, sm.down_wait, sm.peak);
+              }
+              last = sm;
+            }
+          }
+          fmt::print(
+              "{:>4} median queued {:.1f} us, span {:.1f} us, >= 90 % of the peak in flight until {:.1f} "
+              "us\n",
+              rows, median(queued), median(span), median(full));
+          // (at most 120 figures: longer spans, e.g. on the emulation, are shown in wider steps, their
+          // maxima)
+          const size_t step = (last.busy.size() + 119) / 120;
+          std::string prof;
+          for (size_t k = 0; k < last.busy.size(); k += step) {
+            int v = 0;
+            for (size_t j = k; j < std::min(k + step, last.busy.size()); ++j) v = std::max(v, last.busy[j]);
+            prof += fmt::format("{}{}", k ? " " : "", v);
+          }
+          fmt::print("{:>4} in flight per {} us (the last launch): {}\n", rows, step, prof);
+        }
+        continue;
+      }
       fmt::print("memory floor: {:.1f} us for {:.1f} MB at {:.0f} GB/s\n", layer_bytes / (peak * 1e9) * 1e6,
                  layer_bytes / 1e6, peak);
       // copy: the device-to-device copy's read + write rate. queued: the same launches queued behind a
@@ -332,7 +460,7 @@ int main(int argc, char** argv) {
       b.settings().gemv_max_rows = -1;
     }
 
-    if (layer_only) return 0;
+    if (layer_only || timeline) return 0;
     // ---- 3. projection shape: 128 experts of 768 x 2048, top-8 of n tokens ----
     if (!latency_only) {
       const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;

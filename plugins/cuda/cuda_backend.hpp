@@ -161,8 +161,12 @@ class CudaBackend {
   // each run in ms, measured with events on the device; the outputs of the last run are written to the tasks.
   // hold_us > 0: each run's launches are queued behind a kernel spinning that long, so the time is the
   // device's alone (without it, the first kernels may wait for the host to submit them).
+  // timeline (a layer-kernel group only): the runs are launched directly, not as a graph, the layer kernel
+  // writes each ticket's record (kernels/work.hpp kTimeline*, kTimelineWords per ticket) and the last run's
+  // are returned there; left empty for a group without the layer kernel. Not with other groups in flight.
   std::vector<float> time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
-                                       const strata_expert_task* tasks, int iters, int hold_us = 0);
+                                       const strata_expert_task* tasks, int iters, int hold_us = 0,
+                                       std::vector<uint64_t>* timeline = nullptr);
 
   // STRATA_CUDA_FAIL_NEXT=oom|device, read when the backend is created: the next issue fails with that
   // status.
@@ -190,6 +194,9 @@ class CudaBackend {
   Settings settings_;
   std::atomic<int> fail_next_{0};
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly
+  // time_expert_group's timeline, while it runs: the device buffer for the layer kernel and its tickets.
+  uint64_t* timeline_dev_ = nullptr;
+  int32_t timeline_n_ = 0;
   // STRATA_CUDA_TRACE: host time per phase of an issue and a take, and the groups' device spans, kept apart
   // for one-token groups (decode) and the rest (prefill); printed when the backend goes.
   struct IssueTrace {

@@ -1220,6 +1220,8 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
+    lw.timeline = timeline_dev_;
+    lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);
     const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
                                              : launch_layer_q4row_tc(gu.nt, lean, lw, on);
@@ -1460,16 +1462,35 @@ void CudaBackend::matmul(const strata_matrix& w, const float* x, int64_t n_x_row
 
 std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden,
                                                   int32_t n_tasks, const strata_expert_task* tasks, int iters,
-                                                  int hold_us) {
+                                                  int hold_us, std::vector<uint64_t>* timeline) {
   STRATA_CK(cudaSetDevice(device_), "cudaSetDevice");
   Slot* s = acquire_slot();
   const Plan& p = s->plan;
   std::vector<float> ms;
+  // The timeline's buffer (freed, and the kernel's pointer cleared, however this ends).
+  struct TimelineBuffer {
+    CudaBackend& b;
+    ~TimelineBuffer() {
+      if (b.timeline_dev_ != nullptr) (void)cudaFree(b.timeline_dev_);
+      b.timeline_dev_ = nullptr;
+      b.timeline_n_ = 0;
+    }
+  } timeline_buffer{*this};
   try {
     plan_group(s->plan, s->scratch, x, n_x_rows, hidden, n_tasks, tasks);
     if (s->t0 == nullptr) STRATA_CK(cudaEventCreate(&s->t0), "cudaEventCreate");
     if (s->t1 == nullptr) STRATA_CK(cudaEventCreate(&s->t1), "cudaEventCreate");
     ensure_capacity(*s, p);
+    if (timeline != nullptr) timeline->clear();
+    if (timeline != nullptr && p.layer) {
+      const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
+      const int64_t n = static_cast<int64_t>(gu.n_items) * (gu.grid_x + dn.grid_x);
+      const size_t bytes = static_cast<size_t>(n) * kTimelineWords * sizeof(uint64_t);
+      STRATA_CK(cudaMalloc(&timeline_dev_, bytes), "cudaMalloc of the layer timeline");
+      STRATA_CK(cudaMemset(timeline_dev_, 0, bytes), "clearing the layer timeline");
+      timeline_n_ = static_cast<int32_t>(n);
+      timeline->resize(static_cast<size_t>(n) * kTimelineWords);
+    }
     stage(*s, p);
     for (int i = 0; i < iters; ++i) {
       // A relaunch without staging: the layer kernel's counters cleared again, before the timed span.
@@ -1479,7 +1500,10 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
       }
       STRATA_CK(launch_hold(hold_us, s->stream), "launch of the hold kernel");
       STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");
-      launch(*s, p);
+      if (timeline_dev_ != nullptr)
+        launch_direct(*s, p);  // (a captured graph would keep the kernel's arguments of its capture)
+      else
+        launch(*s, p);
       STRATA_CK(cudaEventRecord(s->t1, s->stream), "cudaEventRecord");
       STRATA_CK(cudaEventSynchronize(s->t1), "expert group");
       float t = 0;
@@ -1488,6 +1512,11 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     }
     finish(*s, p);
     STRATA_CK(cudaEventSynchronize(s->done), "expert group");
+    if (timeline_dev_ != nullptr) {
+      STRATA_CK(cudaMemcpy(timeline->data(), timeline_dev_, timeline->size() * sizeof(uint64_t),
+                           cudaMemcpyDeviceToHost),
+                "copy of the layer timeline");
+    }
   } catch (...) {
     sync_quietly(*s);
     release_slot(s);

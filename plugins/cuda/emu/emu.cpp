@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -396,6 +397,12 @@ void spin_pause() {
   if (tls_baton == nullptr)
     die("a spin-wait in a grid whose blocks run one after another: it would never end");
   hand_over(false);
+}
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
 }
 
 void syncthreads() {

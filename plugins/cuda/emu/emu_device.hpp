@@ -41,6 +41,8 @@ int ptx_version();
 
 // A spin-wait's pause (sleep_ns): another block's turn; dies in a grid whose blocks run one after another.
 void spin_pause();
+// %globaltimer: the host's steady clock in ns.
+uint64_t now_ns();
 void syncwarp();
 void syncthreads();
 float shfl_xor(float v, int lane_mask);
@@ -48,8 +50,8 @@ float shfl_xor(float v, int lane_mask);
 void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                     uint32_t b1, float c0, float c1, float c2, float c3);
 // D = A * B + C by the PTX ISA's m16n8k32 .s8 fragment layouts (int32, exact; wraps as the hardware does).
-void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
-                  int32_t c0, int32_t c1, int32_t c2, int32_t c3);
+void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                  uint32_t b1, int32_t c0, int32_t c1, int32_t c2, int32_t c3);
 // fma.rn.bf16x2(v, 1.0, -136.0) for v = two bf16 values in [128, 144): exact, (v - 136) each.
 uint32_t bf16x2_sub136(uint32_t v);
 [[noreturn]] void die(const char* what);

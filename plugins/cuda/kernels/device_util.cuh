@@ -20,6 +20,13 @@
 #include "emu/emu_device.hpp"
 #endif
 
+// A device function kept out of line (g++ in the emulation spells it its own way).
+#if defined(STRATA_CUDA_EMULATE)
+#define STRATA_NOINLINE __attribute__((noinline))
+#else
+#define STRATA_NOINLINE __noinline__
+#endif
+
 namespace strata_cuda {
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
@@ -252,6 +259,28 @@ __device__ __forceinline__ void sleep_ns(unsigned ns) {
   emu::spin_pause();
 #else
   __nanosleep(ns);
+#endif
+}
+
+// The device's nanosecond clock (PTX %globaltimer: one clock for every SM; its resolution is the driver's, 32 ns
+// to 1 us) and the SM a block runs on; the emulation: the host's steady clock and SM 0. For the layer
+// kernel's timeline (LayerWork::timeline), never for results.
+__device__ __forceinline__ uint64_t global_ns() {
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::now_ns();
+#else
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+#endif
+}
+__device__ __forceinline__ uint32_t sm_id() {
+#if defined(STRATA_CUDA_EMULATE)
+  return 0;
+#else
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+  return id;
 #endif
 }
 

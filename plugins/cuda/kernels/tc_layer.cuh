@@ -44,6 +44,17 @@ __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Re
   return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
 }
 
+// Ticket t's timeline record from the times noted in shared memory (thread 0, as the tile ends; out of line, so
+// the kernel holds no registers for it).
+static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t, const uint64_t* times) {
+  if (t >= lw.timeline_n) return;
+  uint64_t* rec = lw.timeline + static_cast<int64_t>(t) * kTimelineWords;
+  rec[kTimelineWho] = static_cast<uint64_t>(sm_id()) << 32 | blockIdx.x;
+  rec[kTimelineBegin] = times[kTimelineBegin];
+  rec[kTimelineInputs] = times[kTimelineInputs];
+  rec[kTimelineEnd] = global_ns();
+}
+
 // The layer kernel's carry between a block's tiles (tc_q4_tile's hooks), when lw.persistent: thread 0 takes
 // the next ticket as the tile's last two batches begin (the atomic's latency hides behind them; taken earlier,
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
@@ -101,12 +112,26 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
   int t = s_ticket;
   I8Regs regs;
   int primed = 0;
+  // The timeline: thread 0 notes the tile's times in shared memory (no registers held across the tile) and
+  // writes ticket t's record as the tile ends.
+  __shared__ uint64_t s_times[kTimelineWords];
+  auto mark = [&](int k) {
+    if (lw.timeline != nullptr && threadIdx.x == 0) s_times[k] = global_ns();
+  };
   while (t < n_all) {
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
+    mark(kTimelineBegin);
+    if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(lw.items[i], bx, [] { grid_dep_wait(); }, carry);
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(
+          lw.items[i], bx,
+          [&] {
+            grid_dep_wait();
+            mark(kTimelineInputs);
+          },
+          carry);
       __threadfence();  // this thread's h, before the count
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -136,9 +161,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
               while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
             }
             __syncthreads();
+            mark(kTimelineInputs);
           },
           carry);
     }
+    if (lw.timeline != nullptr && threadIdx.x == 0) write_timeline(lw, t, s_times);
     t = carry.next_all;
   }
 }

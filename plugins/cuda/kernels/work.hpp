@@ -94,7 +94,16 @@ struct LayerWork {
                            // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
+  // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
+  // timeline_n): kTimelineWords words per ticket, see kTimeline*.
+  uint64_t* timeline;
+  int32_t timeline_n;
 };
+// A ticket's timeline record: the SM and block that ran it (sm << 32 | block), then, in the device's ns
+// clock (global_ns), when the block took it, when its inputs were there (the previous launch waited for;
+// a down tile: its expert's h encoded too; 0 for a tile past its item's rows) and when it ended (a gate/up
+// tile: after its count and any encoding).
+enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimelineWords };
 
 // Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
 // kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile) (tc_q4.cuh).
