@@ -1021,7 +1021,8 @@ TEST_CASE(
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
     // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per SM)
-    // and the B-ahead ones, each alone and persistent.
+    // and the B-ahead ones, each alone and persistent; three weight buffers at 1 n-tile (DEEP); every block
+    // waiting for the preparation before its first loads (WAIT_FIRST).
     using Env = std::vector<std::pair<const char*, const char*>>;
     // (The default is lean at 2 n-tiles only; LEAN=0 runs the B-ahead instances at every n-tile count.)
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
@@ -1029,7 +1030,9 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}},
-                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_LAYER_DEEP", "1"}},
+                         {{"STRATA_CUDA_LAYER_WAIT_FIRST", "1"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Where a GLM-5.2 decode layer launch's time goes, on the GPU machine: bench_cuda --timeline (the layer kernel
 # records each tile's SM, start, inputs and end) for settings given as VARIANTS, at 8 experts and at EXPERTS2
-# (32) experts per group, after test_cuda (TESTS=1).
+# (32; empty: none) experts per group, after test_cuda (TESTS=1).
 #
 #   Here:   tools/device/cuda_check.sh bundle      (builds build-cuda/bundle)
 #   There:  run(command="OUT=$OUT/t tools/device/layer_timeline.sh", carry=["build-cuda/bundle"])
@@ -29,7 +29,7 @@ for v in ${VARIANTS:--}; do
   i=$((i + 1))
   envs=()
   [ "$v" != "-" ] && IFS=, read -r -a envs <<< "$v"
-  for experts in 8 "${EXPERTS2:-32}"; do
+  for experts in 8 ${EXPERTS2-32}; do
     log="timeline_v${i}_e${experts}.log"
     start=$SECONDS
     timeout 240 env "${envs[@]}" "$bundle/bin/bench_cuda" --timeline --layer-experts "$experts" \
