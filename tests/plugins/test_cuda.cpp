@@ -919,11 +919,19 @@ static void gpu_case_layer(const PluginRecord* rec,
                                {1600, 40},
                                {2100, 40},
                                {130, 1100},
-                               {130, 1300}}) {
+                               {130, 1300},
+                               {2101, 40},
+                               {1601, 40},
+                               {131, 1101},
+                               {131, 1301}}) {
       CAPTURE(hidden);
       CAPTURE(ffn);
-      const std::vector<int> counts =
-          hidden == 256 ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1} : std::vector<int>{1, 2, 0, 3};
+      // (odd hidden: at most 2 rows per expert, so one n-tile, where the DEEP instance runs: 5 and 3 / 0
+      // (2101 x 40), 4 and 2 / 0 (1601 x 40), 0 / 4 (131 x 1101), 0 / 5 (131 x 1301) load batches per warp
+      // through its three buffers)
+      const std::vector<int> counts = hidden == 256     ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1}
+                                      : hidden % 2 == 1 ? std::vector<int>{1, 2, 0, 2}
+                                                        : std::vector<int>{1, 2, 0, 3};
       Group grp(rng, hidden, ffn, 5, counts, same_format(f, counts.size()));
       if (hidden == 256) {  // as at decode: every expert has the same row
         for (auto& r : grp.rows) r.assign(r.size(), 3);
