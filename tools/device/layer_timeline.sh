@@ -10,20 +10,8 @@
 # timeline table and profiles) and logs.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-bundle=${BUNDLE:-build-cuda/bundle}
-out=${OUT:-/tmp/layer_timeline}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export STRATA_FIXTURES_DIR="$PWD/tests/fixtures" STRATA_CUDA_NO_EMU=1 STRATA_CUDA_REQUIRE=1
-summary="$out/summary.txt"
-: > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
-logs=()
-if [ "${TESTS:-1}" = "1" ]; then
-  timeout 300 "$bundle/bin/test_cuda" > "$out/test_cuda.log" 2>&1
-  note "test_cuda: exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/test_cuda.log" | tr '\n' ' ')"
-  logs+=(test_cuda.log)
-fi
+out_default=/tmp/layer_timeline
+. tools/device/bench_setup.sh
 i=0
 for v in ${VARIANTS:--}; do
   i=$((i + 1))
