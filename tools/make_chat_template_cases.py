@@ -329,9 +329,21 @@ SNIPPETS = [
     # Undefined behaviour
     "[{{ nothing }}]{% if nothing %}yes{% else %}no{% endif %}{{ nothing|length }}{{ nothing|string }}{{ nothing|list }}[{{ nothing|trim }}]",
     "{{ d.nope }}|{{ z.attr }}|{{ s.nope }}|{{ xs[10] }}|{{ d['nope'] is defined }}",
+    # numbers and %-formats at the edges (found by fuzz/fuzz_chat_template: literals beyond double, widths
+    # beyond a fixed buffer, floats beyond int64)
+    "{{ 1e999 }}|{{ -1e999 }}|{{ 1e-999 }}|{{ 2.5e-320 }}|{{ 1_000.5 }}",
+    "[{{ '%200s'|format('x') }}]|{{ '%.3d|%05.1f|%-6.2s|'|format(5, 3.14159, 'abc') }}|{{ '%d|%i'|format(3.7, -2.9) }}",
+    "{{ '%d'|format(1e20) }}|{{ '%d'|format(-1e300)|length }}|{{ '%+d|% d'|format(True, 4.0) }}|{{ '%300.250f'|format(1.5)|length }}",
+    "{{ xs|map(attribute='99999999999999999999999')|list }}|{{ people|map(attribute='0')|list }}",
+    "{{ 1e308|round(250) }}|{{ 123.456|round(300) }}|{{ -0.5|round }}|{{ 123.0|round(-400) }}",
+    "{{ 2 ** 62 }}|{{ -9223372036854775807 - 1 }}|{{ 7 // -1 }}|{{ -7 % -1 }}|{{ (2 ** 62) * -2 }}|{{ range(5, 9223372036854775807, 9223372036854775806)|list }}|{{ 'ab' * 3 }}|{{ 3 ** 0 }}|{{ (-3) ** 3 }}",
 ]
 
 SNIPPET_ERRORS = [
+    "{{ '%d'|format(f * 1e300 * 1e300) }}",
+    "{{ '%d'|format(f * 1e300 * 1e300 - f * 1e300 * 1e300) }}",
+    "{{ '{99999999999999999999999}'.format(1) }}",
+    "{{ '{3}'.format(1) }}",
     "{{ nothing.attr }}",
     "{{ d.nope.deeper }}",
     "{{ nothing + 1 }}",

@@ -2,6 +2,7 @@
 #include "strata/dtype.hpp"
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -68,6 +69,27 @@ float f16_to_f32(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+float round_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = x & 0x80000000u;
+  uint32_t a = x ^ sign;
+  if (a >= 0x7f800000u) return f;  // inf, NaN
+  if (a < 0x38800000u) {
+    // Below binary16's smallest normal (2^-14) the step is 2^-24: scaling by 2^24 is exact, and nearbyint
+    // rounds ties to even in the default rounding mode.
+    const float v = std::nearbyint(std::fabs(f) * 16777216.0f) / 16777216.0f;
+    std::memcpy(&a, &v, 4);
+  } else {
+    a = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;  // keep 10 of 23 fraction bits, ties to even
+    if (a >= 0x47800000u) a = 0x7f800000u;           // 65520 and beyond round to infinity
+  }
+  a |= sign;
+  float r;
+  std::memcpy(&r, &a, 4);
+  return r;
 }
 
 }  // namespace strata

@@ -14,10 +14,6 @@ namespace strata {
 namespace fs = std::filesystem;
 namespace dll = boost::dll;
 
-namespace {
-constexpr std::string_view kComp = "plugins";
-}
-
 std::vector<fs::path> plugin_search_path(const std::vector<fs::path>& extra) {
   std::vector<fs::path> out;
   auto add = [&](const fs::path& p) {

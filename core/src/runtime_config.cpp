@@ -3,6 +3,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -27,6 +28,9 @@ void check_keys(const Ctx& c, const YAML::Node& map, const std::string& section,
                 const std::set<std::string>& allowed) {
   if (!map.IsMap()) fail(kComp, "{}: '{}' must be a mapping", c.where(map), section);
   for (const auto& kv : map) {
+    if (!kv.first.IsScalar())
+      fail(kComp, "{}: a key of '{}' is a {}; expected a plain name", c.where(kv.first),
+           section.empty() ? "the top level" : section, kv.first.IsSequence() ? "list" : "mapping");
     const std::string key = kv.first.as<std::string>();
     if (!allowed.count(key)) {
       std::string list;
@@ -51,7 +55,7 @@ bool as_bool(const Ctx& c, const YAML::Node& n, const std::string& key) {
 
 double as_number(const Ctx& c, const YAML::Node& n, const std::string& key) {
   double v = 0;
-  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v))
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v))
     fail(kComp, "{}: '{}' must be a number", c.where(n), key);
   return v;
 }
@@ -59,7 +63,7 @@ double as_number(const Ctx& c, const YAML::Node& n, const std::string& key) {
 std::optional<double> as_auto_number(const Ctx& c, const YAML::Node& n, const std::string& key) {
   if (n.IsScalar() && n.Scalar() == "auto") return std::nullopt;
   double v = 0;
-  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || v < 0) {
+  if (!n.IsScalar() || !YAML::convert<double>::decode(n, v) || !std::isfinite(v) || v < 0) {
     fail(kComp, "{}: '{}' must be 'auto' or a non-negative number of GB", c.where(n), key);
   }
   return v;
@@ -139,7 +143,8 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
     if (auto v = d["engine"]) {
       cfg.disk.engine = as_string(c, v, "disk.engine");
       if (cfg.disk.engine != "auto" && cfg.disk.engine != "io_uring" && cfg.disk.engine != "pread") {
-        fail(kComp, "{}: 'disk.engine' must be auto, io_uring or pread (got '{}')", c.where(v), cfg.disk.engine);
+        fail(kComp, "{}: 'disk.engine' must be auto, io_uring or pread (got '{}')", c.where(v),
+             cfg.disk.engine);
       }
     }
   }

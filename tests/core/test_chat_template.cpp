@@ -97,6 +97,39 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("where Python has no limit, the interpreter stops with an error naming it (fuzz/ findings)") {
+  struct Case {
+    const char* source;
+    const char* expected_in_error;
+  };
+  for (const Case c : {
+           Case{"{{ 2 ** 63 }}", "integer overflow in ** (template integers are 64-bit)"},
+           Case{"{{ 2 ** 1000000000000000000 }}", "integer overflow in **"},  // by squaring, not 10^18 steps
+           Case{"{{ 9223372036854775807 + 1 }}", "integer overflow in +"},
+           Case{"{{ -9223372036854775807 - 2 }}", "integer overflow in -"},
+           Case{"{{ 4611686018427387904 * 2 }}", "integer overflow in *"},
+           Case{"{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow in //"},
+           Case{"{{ -(-9223372036854775807 - 1) }}", "integer overflow in unary -"},
+           Case{"{{ (-9223372036854775807 - 1)|abs }}", "integer overflow in abs"},
+           Case{"{{ 1e19|int }}", "int(1e+19) is beyond 64-bit integers"},
+           Case{"{{ '1e300'|int }}", "is beyond 64-bit integers"},
+           Case{"{{ 'ab' * 100000000 }}", "beyond the interpreter's limit of 67108864 elements"},
+           Case{"{{ [1, 2] * 40000000 }}", "beyond the interpreter's limit"},
+           Case{"{{ '%9999999999s'|format('x') }}", "format width is too large (at most 1048576)"},
+           Case{"{{ '%.99999999999f'|format(1.5) }}", "format precision is too large"},
+           Case{"{{ '%5-3s'|format('x') }}", "unsupported format specification '%5-3'"},
+       }) {
+    const std::string src = c.source;
+    const std::string err = error_of([&] { render_snippet(src); });
+    CAPTURE(src);
+    CAPTURE(err);
+    CHECK(err.find(c.expected_in_error) != std::string::npos);
+  }
+  // Up to the limits, the same operations work.
+  CHECK(render_snippet("{{ 2 ** 62 + (2 ** 62 - 1) }}") == "9223372036854775807");
+  CHECK(render_snippet("{{ ('%20s'|format('x'))|length }}") == "20");
+}
+
 TEST_CASE("from_tokenizer_config: string, list with default, chat_template.jinja, special token forms") {
   TempDir dir;
   const std::string qwen = read_text(templates_dir() / "qwen3.jinja");

@@ -1,7 +1,9 @@
-// int4 reference formats: byte layout, rounding, round trips, grid values, zero groups, tail groups.
+// int4 reference formats (byte layout, rounding, round trips, grid values, zero and tail groups); f16
+// rounding.
 #include <cmath>
 #include <cstring>
 
+#include "strata/dtype.hpp"
 #include "strata/error.hpp"
 #include "strata/quant.hpp"
 #include "test_util.hpp"
@@ -86,4 +88,33 @@ TEST_CASE("round trip error is bounded by half a step; Q4_ROW uses one scale per
   CHECK(parse_quant_name("q4_row") == WeightFormat::Q4_ROW);
   CHECK(!parse_quant_name("none").has_value());
   CHECK_THROWS_WITH_AS(parse_quant_name("q3_k"), doctest::Contains("unknown quantization 'q3_k'"), Error);
+}
+
+TEST_CASE("round_to_f16: the nearest binary16 value, as a cast through the compiler's float16 gives") {
+  using strata::round_to_f16;
+  CHECK(round_to_f16(1.0f) == 1.0f);
+  CHECK(round_to_f16(65504.0f) == 65504.0f);
+  CHECK(round_to_f16(65519.99f) == 65504.0f);
+  CHECK(std::isinf(round_to_f16(65520.0f)));
+  CHECK(round_to_f16(-65520.0f) == -INFINITY);
+  CHECK(round_to_f16(std::ldexp(1.0f, -24)) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(round_to_f16(std::ldexp(1.0f, -25)) == 0.0f);                   // a tie: to even (zero)
+  CHECK(round_to_f16(std::ldexp(3.0f, -25)) == std::ldexp(1.0f, -23));  // a tie: to even (2 steps)
+  CHECK(std::signbit(round_to_f16(-1e-30f)));
+  CHECK(std::isnan(round_to_f16(NAN)));
+  CHECK(round_to_f16(1.0f + std::ldexp(1.0f, -11)) == 1.0f);                             // tie, even stays
+  CHECK(round_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)) == 1.0f + std::ldexp(1.0f, -9));  // tie, odd rounds up
+#if defined(__FLT16_MAX__)
+  // Against the compiler's own conversion, on every 251st bit pattern (17 million values of every class).
+  uint64_t mismatches = 0;
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 251) {
+    const auto bits = static_cast<uint32_t>(b);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    const float want = static_cast<float>(static_cast<_Float16>(f));
+    const float got = round_to_f16(f);
+    if (std::isnan(want) ? !std::isnan(got) : std::memcmp(&want, &got, 4) != 0) ++mismatches;
+  }
+  CHECK(mismatches == 0);
+#endif
 }

@@ -69,10 +69,21 @@ TEST_CASE("errors name the file, the line and what was expected") {
                        doctest::Contains("malformed YAML"), Error);
   CHECK_THROWS_WITH_AS(load_runtime_config("/nonexistent/strata.yaml"), doctest::Contains("cannot open"),
                        Error);
+  // Found by fuzz/fuzz_runtime_config: a list or mapping as a key, and non-finite numbers.
+  CHECK_THROWS_WITH_AS(parse_runtime_config("plugins:\n  [a]: [b]\n", "c.yaml"),
+                       doctest::Contains("c.yaml:2: a key of 'plugins' is a list; expected a plain name"),
+                       Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("{a: 1}: 2\n", "c.yaml"),
+                       doctest::Contains("a key of 'the top level' is a mapping"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("memory:\n  ram_gb: .nan\n", "c.yaml"),
+                       doctest::Contains("'memory.ram_gb' must be 'auto' or a non-negative number"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("memory:\n  reserve_gb: .inf\n", "c.yaml"),
+                       doctest::Contains("'memory.reserve_gb' must be a number"), Error);
 }
 
 TEST_CASE("the disk section: direct_io true/false/auto, queue depth, engine; bad values name the key") {
-  const auto cfg = parse_runtime_config("disk:\n  direct_io: true\n  queue_depth: 64\n  engine: pread\n", "d.yaml");
+  const auto cfg =
+      parse_runtime_config("disk:\n  direct_io: true\n  queue_depth: 64\n  engine: pread\n", "d.yaml");
   CHECK(cfg.disk.direct_io == "true");
   CHECK(cfg.disk.queue_depth == 64);
   CHECK(cfg.disk.engine == "pread");
@@ -81,8 +92,9 @@ TEST_CASE("the disk section: direct_io true/false/auto, queue depth, engine; bad
   const RuntimeConfig def;
   CHECK(def.disk.direct_io == "auto");
   CHECK(def.disk.queue_depth == 32);
-  for (const char* bad : {"disk:\n  queue_depth: 0\n", "disk:\n  queue_depth: 2.5\n", "disk:\n  engine: aio\n",
-                          "disk:\n  direct_io: sometimes\n", "disk:\n  prefetch: true\n"}) {
+  for (const char* bad :
+       {"disk:\n  queue_depth: 0\n", "disk:\n  queue_depth: 2.5\n", "disk:\n  engine: aio\n",
+        "disk:\n  direct_io: sometimes\n", "disk:\n  prefetch: true\n"}) {
     CAPTURE(bad);
     try {
       (void)parse_runtime_config(bad, "d.yaml");

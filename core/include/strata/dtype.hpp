@@ -16,5 +16,9 @@ std::optional<DType> dtype_from_name(std::string_view name);
 
 float bf16_to_f32(uint16_t h);
 float f16_to_f32(uint16_t h);
+// f rounded to the nearest IEEE binary16 value (ties to even; beyond 65504 rounds to ±inf, NaN stays NaN),
+// returned as f32: what a cast through float16 gives, without the compiler's _Float16 (absent on some
+// targets and compilers).
+float round_to_f16(float f);
 
 }  // namespace strata

@@ -4,11 +4,13 @@
 #include "interpreter.hpp"
 
 #include <fmt/format.h>
+#include <fmt/printf.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <optional>
 #include <unordered_map>
 
 #include "strata/error.hpp"
@@ -349,17 +351,72 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+bool add_overflows(int64_t a, int64_t b, int64_t* r) {
+  return __builtin_add_overflow(a, b, r);
+}
+bool sub_overflows(int64_t a, int64_t b, int64_t* r) {
+  return __builtin_sub_overflow(a, b, r);
+}
+bool mul_overflows(int64_t a, int64_t b, int64_t* r) {
+  return __builtin_mul_overflow(a, b, r);
+}
+
+// int(x) of a finite float, truncated; Python's result has no bound, a template's is 64-bit.
+int64_t float_to_int(double x) {
+  if (!(std::fabs(x) < 9223372036854775808.0)) raise(fmt::format("int({}) is beyond 64-bit integers", x));
+  return static_cast<int64_t>(x);
+}
+
 // Python's round-half-even rounding of the exact binary value to `digits` decimals.
 double py_round(double x, int64_t digits) {
   if (!std::isfinite(x)) return x;
   if (digits > 300) return x;
+  if (digits < -308) return std::copysign(0.0, x);  // 10^-digits is beyond double: every finite x rounds to 0
   if (digits < 0) {
     const double p = std::pow(10.0, static_cast<double>(-digits));
     return std::nearbyint(x / p) * p;
   }
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(digits), x);
-  return std::strtod(buf, nullptr);
+  const std::string text = fmt::format("{:.{}f}", x, digits);  // up to 309 integer digits + 300 decimals
+  return std::strtod(text.c_str(), nullptr);
+}
+
+// A %-conversion's spec as Python reads it: flags from "-+ #0", then a width, then "." and a precision.
+struct PercentSpec {
+  std::string flags;
+  size_t width = 0;
+  std::optional<size_t> precision;
+  std::string printf_prefix() const {  // "%" + the same spec, for fmt::sprintf
+    return "%" + flags + (width > 0 ? std::to_string(width) : "") +
+           (precision ? "." + std::to_string(*precision) : "");
+  }
+};
+
+// Widths and precisions beyond this are refused: a template (or a message it formats) must not make the
+// interpreter allocate gigabytes of padding.
+constexpr size_t kMaxFormatWidth = size_t{1} << 20;
+// `'x' * n` and `[..] * n` stop at this many characters or elements, for the same reason.
+constexpr uint64_t kMaxRepeat = uint64_t{1} << 26;
+
+PercentSpec parse_percent_spec(const std::string& spec) {
+  PercentSpec p;
+  size_t k = 0;
+  while (k < spec.size() && std::strchr("-+ #0", spec[k]) != nullptr) p.flags.push_back(spec[k++]);
+  auto number = [&](const char* what) {
+    size_t v = 0;
+    while (k < spec.size() && std::isdigit(static_cast<unsigned char>(spec[k]))) {
+      v = v * 10 + static_cast<size_t>(spec[k++] - '0');
+      if (v > kMaxFormatWidth)
+        raise(fmt::format("format {} is too large (at most {})", what, kMaxFormatWidth));
+    }
+    return v;
+  };
+  p.width = number("width");
+  if (k < spec.size() && spec[k] == '.') {
+    ++k;
+    p.precision = number("precision");
+  }
+  if (k != spec.size()) raise(fmt::format("unsupported format specification '%{}'", spec));
+  return p;
 }
 
 // printf-style formatting: "%s" % args (the `format` filter and the % operator on strings).
@@ -386,17 +443,11 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
     switch (conv) {
       case 's':
       case 'r': {
+        const PercentSpec ps = parse_percent_spec(spec);
         std::u32string u = utf8_decode(conv == 's' ? to_str(a) : repr(a));
-        const bool left = spec.find('-') != std::string::npos;
-        size_t width = 0;
-        const size_t dot = spec.find('.');
-        std::string w = spec.substr(0, dot);
-        w.erase(std::remove_if(w.begin(), w.end(),
-                               [](char ch) { return !std::isdigit(static_cast<unsigned char>(ch)); }),
-                w.end());
-        if (!w.empty()) width = std::stoul(w);
-        if (dot != std::string::npos) u = u.substr(0, std::stoul("0" + spec.substr(dot + 1)));
-        std::string pad(width > u.size() ? width - u.size() : 0, ' ');
+        const bool left = ps.flags.find('-') != std::string::npos;
+        if (ps.precision) u = u.substr(0, *ps.precision);
+        std::string pad(ps.width > u.size() ? ps.width - u.size() : 0, ' ');
         out += left ? utf8_encode(u) + pad : pad + utf8_encode(u);
         break;
       }
@@ -404,11 +455,22 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
       case 'i': {
         if (!a.is_number())
           raise(fmt::format("%{} format: a real number is required, not {}", conv, type_name(a)));
-        char buf[128];
-        const long long x =
-            a.type == Type::Float ? static_cast<long long>(a.f) : (a.type == Type::Int ? a.i : a.b);
-        std::snprintf(buf, sizeof buf, ("%" + spec + "lld").c_str(), x);
-        out += buf;
+        const PercentSpec ps = parse_percent_spec(spec);
+        if (a.type == Type::Float) {
+          if (std::isnan(a.f)) raise("cannot convert float NaN to integer");
+          if (std::isinf(a.f)) raise("cannot convert float infinity to integer");
+          if (std::fabs(a.f) >=
+              9.2e18) {  // beyond int64: a double this large is an integer, %.0f prints it all
+            PercentSpec whole = ps;
+            whole.precision.reset();
+            out += fmt::sprintf(whole.printf_prefix() + ".0f", a.f);
+            break;
+          }
+          out += fmt::sprintf(ps.printf_prefix() + "d", static_cast<long long>(a.f));
+          break;
+        }
+        out +=
+            fmt::sprintf(ps.printf_prefix() + "d", static_cast<long long>(a.type == Type::Int ? a.i : a.b));
         break;
       }
       case 'f':
@@ -416,9 +478,7 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
       case 'e':
       case 'g': {
         if (!a.is_number()) raise(fmt::format("must be real number, not {}", type_name(a)));
-        char buf[128];
-        std::snprintf(buf, sizeof buf, ("%" + spec + conv).c_str(), num(a));
-        out += buf;
+        out += fmt::sprintf(parse_percent_spec(spec).printf_prefix() + conv, num(a));
         break;
       }
       default:
@@ -466,8 +526,9 @@ std::string brace_format(const std::string& f, const CallArgs& a) {
       v = &a.pos[auto_idx++];
     } else if (std::all_of(field.begin(), field.end(),
                            [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
-      const size_t idx = std::stoul(field);
-      if (idx >= a.pos.size()) raise(fmt::format("Replacement index {} out of range", idx));
+      if (field.size() > 18 || std::stoull(field) >= a.pos.size())
+        raise(fmt::format("Replacement index {} out of range", field));
+      const size_t idx = std::stoull(field);
       v = &a.pos[idx];
     } else {
       for (const auto& [kk, vv] : a.kw)
@@ -748,10 +809,11 @@ class Interp {
     }
     if (step == 0) raise("range() arg 3 must not be zero");
     List out;
-    for (int64_t v = start; step > 0 ? v < stop : v > stop; v += step) {
+    for (int64_t v = start; step > 0 ? v < stop : v > stop;) {
       if (out.size() >= 100000)
         raise("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
       out.push_back(Value::integer(v));
+      if (__builtin_add_overflow(v, step, &v)) break;  // past int64: past stop too
     }
     return Value::list_of(std::move(out));
   }
@@ -836,7 +898,9 @@ class Interp {
                             type_name(v)));
         if (e.kind == ExprKind::Pos) return v.type == Type::Bool ? Value::integer(v.b) : v;
         if (v.type == Type::Float) return Value::number(-v.f);
-        return Value::integer(-(v.type == Type::Int ? v.i : static_cast<int64_t>(v.b)));
+        const int64_t x = v.type == Type::Int ? v.i : static_cast<int64_t>(v.b);
+        if (x == INT64_MIN) raise("integer overflow in unary - (template integers are 64-bit)");
+        return Value::integer(-x);
       }
       case ExprKind::Binary: {
         Value l = eval(*e.a, f);
@@ -917,8 +981,15 @@ class Interp {
     auto bad = [&]() -> Value {
       raise(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, type_name(l), type_name(r)));
     };
+    // Python's integers have no bound; a template's are 64-bit, and leaving that range is an error rather
+    // than a wrapped (undefined) result.
+    auto checked = [&](int64_t a, int64_t b, bool (*f)(int64_t, int64_t, int64_t*)) {
+      int64_t v = 0;
+      if (f(a, b, &v)) raise(fmt::format("integer overflow in {} (template integers are 64-bit)", op));
+      return Value::integer(v);
+    };
     if (op == "+") {
-      if (ints) return Value::integer(iv(l) + iv(r));
+      if (ints) return checked(iv(l), iv(r), add_overflows);
       if (nums) return Value::number(num(l) + num(r));
       if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
       if (l.type == Type::List && r.type == Type::List && l.tuple == r.tuple) {
@@ -933,12 +1004,12 @@ class Interp {
       return bad();
     }
     if (op == "-") {
-      if (ints) return Value::integer(iv(l) - iv(r));
+      if (ints) return checked(iv(l), iv(r), sub_overflows);
       if (nums) return Value::number(num(l) - num(r));
       return bad();
     }
     if (op == "*") {
-      if (ints) return Value::integer(iv(l) * iv(r));
+      if (ints) return checked(iv(l), iv(r), mul_overflows);
       if (nums) return Value::number(num(l) * num(r));
       const Value* seq = (l.is_string() || l.type == Type::List)   ? &l
                          : (r.is_string() || r.type == Type::List) ? &r
@@ -946,6 +1017,10 @@ class Interp {
       const Value* cnt = seq == &l ? &r : &l;
       if (seq != nullptr && cnt->is_number() && cnt->type != Type::Float) {
         const int64_t n = std::max<int64_t>(0, iv(*cnt));
+        const size_t len = seq->is_string() ? seq->s.size() : seq->list->size();
+        if (len > 0 && static_cast<uint64_t>(n) > kMaxRepeat / len)
+          raise(fmt::format("repeating a {} of {} {} times is beyond the interpreter's limit of {} elements",
+                            type_name(*seq), len, n, kMaxRepeat));
         if (seq->is_string()) {
           std::string out;
           for (int64_t k = 0; k < n; ++k) out += seq->s;
@@ -967,6 +1042,7 @@ class Interp {
       if (ints) {
         if (iv(r) == 0) raise("integer division or modulo by zero");
         const int64_t a = iv(l), b = iv(r);
+        if (b == -1) return checked(0, a, sub_overflows);
         int64_t q = a / b;
         if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
         return Value::integer(q);
@@ -984,6 +1060,7 @@ class Interp {
       if (ints) {
         if (iv(r) == 0) raise("integer division or modulo by zero");
         const int64_t a = iv(l), b = iv(r);
+        if (b == -1) return Value::integer(0);
         int64_t m = a % b;
         if (m != 0 && ((m < 0) != (b < 0))) m += b;
         return Value::integer(m);
@@ -996,9 +1073,15 @@ class Interp {
     }
     if (op == "**") {
       if (!nums) return bad();
-      if (ints && iv(r) >= 0) {
-        int64_t out = 1, base = iv(l);
-        for (int64_t k = 0; k < iv(r); ++k) out *= base;
+      if (ints && iv(r) >= 0) {  // by squaring, every step checked
+        int64_t out = 1, base = iv(l), e = iv(r);
+        bool over = false;
+        while (e > 0 && !over) {
+          if (e & 1) over = mul_overflows(out, base, &out);
+          e >>= 1;
+          if (e > 0 && !over) over = mul_overflows(base, base, &base);
+        }
+        if (over) raise("integer overflow in ** (template integers are 64-bit)");
         return Value::integer(out);
       }
       return Value::number(std::pow(num(l), num(r)));
@@ -1357,7 +1440,8 @@ class Interp {
           path.s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       if (!part.empty() && std::all_of(part.begin(), part.end(),
                                        [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
-        cur = get_item(cur, Value::integer(std::stoll(part)));
+        cur = part.size() > 18 ? Value::undefined(undef_item_msg(cur, Value::string(part)))  // beyond int64
+                               : get_item(cur, Value::integer(std::stoll(part)));
       else
         cur = get_item(cur, Value::string(part));
       if (dot == std::string::npos) break;
@@ -1459,8 +1543,7 @@ class Interp {
       need_defined(v);  // int(Undefined) raises UndefinedError, which the filter does not catch
       if (v.type == Type::Int) return v;
       if (v.type == Type::Bool) return Value::integer(v.b);
-      if (v.type == Type::Float)
-        return std::isfinite(v.f) ? Value::integer(static_cast<int64_t>(v.f)) : fallback;
+      if (v.type == Type::Float) return std::isfinite(v.f) ? Value::integer(float_to_int(v.f)) : fallback;
       if (v.is_string()) {
         std::string t = py_strip(v.s, true, true, nullptr);
         t.erase(std::remove(t.begin(), t.end(), '_'), t.end());
@@ -1472,12 +1555,14 @@ class Interp {
           if (used == t.size()) return Value::integer(x);
         } catch (const std::exception&) {
         }
+        double x = NAN;
         try {
           size_t used = 0;
-          const double x = std::stod(t, &used);
-          if (used == t.size() && std::isfinite(x)) return Value::integer(static_cast<int64_t>(x));
+          x = std::stod(t, &used);
+          if (used != t.size()) x = NAN;
         } catch (const std::exception&) {
         }
+        if (std::isfinite(x)) return Value::integer(float_to_int(x));
       }
       return fallback;
     }
@@ -1502,7 +1587,10 @@ class Interp {
     if (name == "abs") {
       need_defined(v);
       if (v.type == Type::Float) return Value::number(std::fabs(v.f));
-      if (v.type == Type::Int) return Value::integer(v.i < 0 ? -v.i : v.i);
+      if (v.type == Type::Int) {
+        if (v.i == INT64_MIN) raise("integer overflow in abs (template integers are 64-bit)");
+        return Value::integer(v.i < 0 ? -v.i : v.i);
+      }
       if (v.type == Type::Bool) return Value::integer(v.b);
       raise(fmt::format("bad operand type for abs(): '{}'", type_name(v)));
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -383,7 +384,7 @@ class Lexer {
       if (src_[k] != '_') txt.push_back(src_[k]);
     if (is_float) {
       t.kind = Tok::Float;
-      t.f = std::stod(txt);
+      t.f = std::strtod(txt.c_str(), nullptr);  // as Python's float(): 1e999 is inf, 1e-999 is 0.0
     } else {
       t.kind = Tok::Int;
       try {
@@ -422,7 +423,7 @@ const std::set<std::string>& test_names() {
 
 class ExprParser {
  public:
-  ExprParser(const std::vector<Token>& toks, int line) : toks_(toks), line_(line) {
+  ExprParser(const std::vector<Token>& toks, int line) : toks_(toks) {
     end_.kind = Tok::End;
     end_.line = toks.empty() ? line : toks.back().line;
   }
@@ -868,7 +869,6 @@ class ExprParser {
  private:
   const std::vector<Token>& toks_;
   size_t pos_ = 0;
-  int line_;
   Token end_;
 };
 

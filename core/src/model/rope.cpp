@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "ops.hpp"
+#include "strata/dtype.hpp"
 
 namespace strata::ops {
 namespace {
@@ -21,7 +22,7 @@ float round_to(float f, const std::string& dtype) {
     std::memcpy(&f, &b, 4);
     return f;
   }
-  if (dtype == "f16") return static_cast<float>(static_cast<_Float16>(f));
+  if (dtype == "f16") return round_to_f16(f);
   return f;
 }
 }  // namespace

@@ -72,7 +72,10 @@ inline __m512 q4_table(float s) {
 // The canonical fold of the 32 accumulators: t = even + odd, then lanes l += l+8, +4, +2, +1.
 inline float fold(__m512 even, __m512 odd) {
   const __m512 v = _mm512_add_ps(even, odd);
-  const __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  // Lanes 0-7 by a shuffle rather than _mm512_castps512_ps256, whose undefined upper half g++ 12 reports as
+  // used uninitialized (GCC bug 105593); the same register.
+  const __m256 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 a = _mm256_add_ps(lo, _mm512_extractf32x8_ps(v, 1));
   const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   const __m128 d = _mm_add_ss(c, _mm_shuffle_ps(c, c, 1));
