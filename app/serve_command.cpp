@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string_view>
 #include <thread>
 
 #include "commands.hpp"
@@ -59,6 +61,31 @@ void send_error(httplib::Response& res, const HttpError& e) {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "") {
   throw HttpError{400, message, "invalid_request_error", param, code};
+}
+
+// How deep a body's arrays and objects nest, read off the text (strings skipped). The JSON library parses
+// any depth, but copying, printing or rendering such a value recurses once per level: a 200 KB body of
+// brackets overflowed the stack and killed the server. Real requests (tool schemas included) stay far below.
+constexpr int kMaxBodyNesting = 128;
+int json_nesting(std::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t k = 0; k < text.size(); ++k) {
+    const char c = text[k];
+    if (in_string) {
+      if (c == '\\')
+        ++k;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 // Typed accessors for request fields: a known field with the wrong type is a 400 naming the field.
@@ -263,6 +290,8 @@ class Server {
 
   void complete(Engine& eng, const httplib::Request& req, httplib::Response& res, bool chat) {
     json body;
+    if (json_nesting(req.body) > kMaxBodyNesting)
+      bad("", fmt::format("the body nests arrays and objects deeper than {} levels", kMaxBodyNesting));
     try {
       body = json::parse(req.body);
     } catch (const json::exception& e) {

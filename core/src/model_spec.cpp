@@ -27,9 +27,17 @@ struct Reader {
     if (!j[key].is_number_integer()) bad(key, fmt::format("must be an integer, got {}", j[key].dump()));
     return j[key].get<int64_t>();
   }
-  int64_t positive(const std::string& key) const {
+  // Sizes are bounded so that no loop over them runs for hours and no product of three of them overflows
+  // (2^24 is 64× the largest vocabulary and 1000× the widest layer of any model this engine targets).
+  static constexpr int64_t kMaxSize = int64_t{1} << 24;
+  int64_t positive(const std::string& key, int64_t max = kMaxSize) const {
     const int64_t v = integer(key);
-    if (v <= 0) bad(key, fmt::format("must be positive, got {}", v));
+    if (v <= 0 || v > max) bad(key, fmt::format("must be from 1 to {}, got {}", max, v));
+    return v;
+  }
+  int64_t size_or(const std::string& key, int64_t def) const {  // 0 allowed (absent)
+    const int64_t v = integer_or(key, def);
+    if (v < 0 || v > kMaxSize) bad(key, fmt::format("must be from 0 to {}, got {}", kMaxSize, v));
     return v;
   }
   int64_t integer_or(const std::string& key, int64_t def) const { return has(key) ? integer(key) : def; }
@@ -160,7 +168,7 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
   }
   s.vocab = r.positive("vocab_size");
   s.hidden = r.positive("hidden_size");
-  s.n_layers = r.positive("num_hidden_layers");
+  s.n_layers = r.positive("num_hidden_layers", 4096);
   s.n_heads = r.positive("num_attention_heads");
   s.n_kv_heads = r.has("num_key_value_heads") ? r.positive("num_key_value_heads") : s.n_heads;
   if (s.n_heads % s.n_kv_heads != 0) {
@@ -172,9 +180,10 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
   const bool glm = s.family == Family::Glm4Moe || s.family == Family::GlmMoeDsa;
   s.rms_eps = r.number_or("rms_norm_eps", glm ? 1e-5 : 1e-6);
   s.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
-  s.max_positions = r.integer_or("max_position_embeddings", 4096);
+  s.max_positions =
+      r.has("max_position_embeddings") ? r.positive("max_position_embeddings", int64_t{1} << 31) : 4096;
   parse_rope(r, s.rope);
-  s.intermediate = r.integer_or("intermediate_size", 0);
+  s.intermediate = r.size_or("intermediate_size", 0);
   s.moe_intermediate = r.positive("moe_intermediate_size");
   s.top_k = r.positive("num_experts_per_tok");
   s.norm_topk_prob = r.boolean_or("norm_topk_prob", s.family != Family::Qwen3Moe);
@@ -201,7 +210,7 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
     }
   } else {
     s.n_experts = r.positive("n_routed_experts");
-    s.n_shared_experts = r.integer_or("n_shared_experts", 0);
+    s.n_shared_experts = r.size_or("n_shared_experts", 0);
     s.router = RouterKind::SigmoidGrouped;
     s.routed_scaling = r.number_or("routed_scaling_factor", s.family == Family::Glm4Moe ? 1.0 : 2.5);
     s.n_group = r.integer_or("n_group", 1);
@@ -223,14 +232,15 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
       s.qk_norm = r.boolean_or("use_qk_norm", false);
       s.attn_bias = r.boolean_or("attention_bias", false);
       double partial = r.number_or("partial_rotary_factor", 0.5);
-      if (r.has("rope_parameters") && j["rope_parameters"].is_object() &&
-          j["rope_parameters"].contains("partial_rotary_factor")) {
-        partial = j["rope_parameters"]["partial_rotary_factor"].get<double>();
+      if (r.has("rope_parameters") && j["rope_parameters"].is_object()) {
+        const Reader p{r.file + " rope_parameters", j["rope_parameters"]};
+        partial = p.number_or("partial_rotary_factor", partial);
       }
+      if (!(partial > 0.0 && partial <= 1.0)) r.bad("partial_rotary_factor", "must be in (0, 1]");
       s.rope.rotary_dim = static_cast<int64_t>(static_cast<double>(s.head_dim) * partial);
     } else {
       s.attention = AttentionKind::MLA;
-      s.q_lora_rank = r.integer_or("q_lora_rank", 0);
+      s.q_lora_rank = r.size_or("q_lora_rank", 0);
       s.kv_lora_rank = r.positive("kv_lora_rank");
       s.qk_nope_dim = r.positive("qk_nope_head_dim");
       s.qk_rope_dim = r.positive("qk_rope_head_dim");

@@ -135,7 +135,7 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
     }
     if (auto v = d["queue_depth"]) {
       const double q = as_number(c, v, "disk.queue_depth");
-      if (q < 1 || q > 4096 || q != static_cast<int>(q)) {
+      if (q < 1 || q > 4096 || q != std::floor(q)) {
         fail(kComp, "{}: 'disk.queue_depth' must be an integer from 1 to 4096", c.where(v));
       }
       cfg.disk.queue_depth = static_cast<int>(q);
@@ -152,8 +152,9 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
     check_keys(c, s, "scheduler", {"threads", "overlap", "prefetch"});
     if (auto t = s["threads"]) {
       const double v = as_number(c, t, "scheduler.threads");
-      if (v < 0 || v != static_cast<int>(v)) {
-        fail(kComp, "{}: 'scheduler.threads' must be a non-negative integer (0 = all cores)", c.where(t));
+      if (v < 0 || v > 65536 || v != std::floor(v)) {  // range first: the cast of a larger double is undefined
+        fail(kComp, "{}: 'scheduler.threads' must be a non-negative integer (0 = all cores) up to 65536",
+             c.where(t));
       }
       cfg.scheduler.threads = static_cast<int>(v);
     }

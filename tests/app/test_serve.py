@@ -164,6 +164,18 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(json.loads(data)["error"]["code"], "context_length_exceeded")
         st, data = self.srv.post("/v1/completions", {"prompt": 42})
         self.assertEqual(st, 400)
+        # Deeply nested JSON (it once overflowed the stack and killed the server), in an unknown key, in the
+        # content and in tools; brackets inside a string do not count.
+        deep = b"[" * 100000 + b"]" * 100000
+        for body in (b'{"messages": [{"role": "user", "content": "hi", "x": ' + deep + b"}]}",
+                     b'{"messages": [{"role": "user", "content": ' + deep + b"}]}",
+                     b'{"messages": [{"role": "user", "content": "hi"}], "tools": ' + deep + b"}"):
+            st, data = self.srv.post("/v1/chat/completions", body)
+            self.assertEqual(st, 400, data[:200])
+            self.assertIn("deeper than 128 levels", json.loads(data)["error"]["message"])
+        st, data = self.srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "[" * 150}],
+                                                          "max_tokens": 2})
+        self.assertEqual(st, 200, data[:200])
         st, data = self.srv.post("/v1/chat/completions", b"{" + b" " * (5 * 1024 * 1024) + b"}")
         self.assertEqual(st, 413)
         st, data = self.srv.get("/v1/nothing-here")

@@ -125,6 +125,32 @@ TEST_CASE("where Python has no limit, the interpreter stops with an error naming
     CAPTURE(err);
     CHECK(err.find(c.expected_in_error) != std::string::npos);
   }
+  // Nesting and running time (each crashed the process with a stack overflow or ran for minutes before).
+  const std::string deep_parens = "{{ " + std::string(20000, '(') + "1" + std::string(20000, ')') + " }}";
+  CHECK(error_of([&] { render_snippet(deep_parens); }).find("expressions nest deeper than 200 levels") !=
+        std::string::npos);
+  CHECK(error_of([&] { render_snippet("{{ " + std::string(50000, '-') + "1 }}"); }).find("nest deeper") !=
+        std::string::npos);
+  std::string deep_blocks;
+  for (int k = 0; k < 5000; ++k) deep_blocks += "{% if true %}";
+  CHECK(error_of([&] { render_snippet(deep_blocks); }).find("blocks nest deeper than 200 levels") !=
+        std::string::npos);
+  CHECK(error_of([&] {
+          render_snippet(
+              "{% set ns = namespace(x=0) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}"
+              "{% endfor %}{{ ns.x }}");
+        }).find("values nest deeper than 512 levels") != std::string::npos);
+  CHECK(error_of([&] {
+          render_snippet("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}");
+        }).find("or contain themselves") != std::string::npos);
+  CHECK(error_of([&] {
+          render_snippet("{% for a in range(100000) %}{% for b in range(100) %}{% endfor %}{% endfor %}");
+        }).find("more than 1000000 loop iterations") != std::string::npos);
+  const ojson msgs = ojson::parse(R"([{"role": "user", "content": "hi", "x": )" + std::string(100000, '[') +
+                                  std::string(100000, ']') + "}]");
+  CHECK(error_of([&] {
+          ChatTemplate("{{ messages }}").render(msgs, false);
+        }).find("nests deeper than 512 levels") != std::string::npos);
   // Up to the limits, the same operations work.
   CHECK(render_snippet("{{ 2 ** 62 + (2 ** 62 - 1) }}") == "9223372036854775807");
   CHECK(render_snippet("{{ ('%20s'|format('x'))|length }}") == "20");

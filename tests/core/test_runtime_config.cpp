@@ -77,6 +77,10 @@ TEST_CASE("errors name the file, the line and what was expected") {
                        doctest::Contains("a key of 'the top level' is a mapping"), Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("memory:\n  ram_gb: .nan\n", "c.yaml"),
                        doctest::Contains("'memory.ram_gb' must be 'auto' or a non-negative number"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("scheduler:\n  threads: 3e35\n", "c.yaml"),
+                       doctest::Contains("non-negative integer (0 = all cores) up to 65536"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("disk:\n  queue_depth: 1e300\n", "c.yaml"),
+                       doctest::Contains("an integer from 1 to 4096"), Error);
   CHECK_THROWS_WITH_AS(parse_runtime_config("memory:\n  reserve_gb: .inf\n", "c.yaml"),
                        doctest::Contains("'memory.reserve_gb' must be a number"), Error);
 }

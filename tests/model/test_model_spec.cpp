@@ -85,4 +85,27 @@ TEST_CASE("bad config.json: errors name the field and what was expected") {
   j = fixture_config("qwen3_moe-tiny");
   j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 1e6}};
   CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("rope type 'longrope' is not supported"), Error);
+  // Sizes a downloaded config could carry to hang or overflow the loader (a 10^15-layer loop ran for hours).
+  j = fixture_config("qwen3_moe-tiny");
+  j["num_hidden_layers"] = 1000000000000000LL;
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'num_hidden_layers' must be from 1 to 4096"),
+                       Error);
+  j = fixture_config("qwen3_moe-tiny");
+  j["hidden_size"] = 1LL << 40;
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'hidden_size' must be from 1 to 16777216"),
+                       Error);
+  j = fixture_config("qwen3_moe-tiny");
+  j["intermediate_size"] = -5;
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'intermediate_size' must be from 0 to"), Error);
+  j = fixture_config("qwen3_moe-tiny");
+  j["max_position_embeddings"] = 0;
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'max_position_embeddings' must be from 1 to"),
+                       Error);
+  j = fixture_config("glm4_moe-tiny");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", "half"}};
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'partial_rotary_factor' must be a number"),
+                       Error);
+  j["rope_parameters"]["partial_rotary_factor"] = 1e300;
+  CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'partial_rotary_factor' must be in (0, 1]"),
+                       Error);
 }

@@ -577,6 +577,11 @@ class Interp {
   int line_ = 0;
   Value placeholder_;
   int depth_ = 0;
+  // Loop iterations of one render, all loops together: ~2 µs each, so a template (a model folder's, or one
+  // looping over a request's data) spends at most a few seconds. Real templates loop over the messages and
+  // tools: thousands.
+  static constexpr int64_t kMaxLoopIterations = 1000000;
+  int64_t iterations_ = 0;
 
   // ---- statements ----
 
@@ -682,6 +687,8 @@ class Interp {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
+      if (++iterations_ > kMaxLoopIterations)
+        raise(fmt::format("the template ran more than {} loop iterations", kMaxLoopIterations));
       Frame lf;
       lf.parent = &f;
       assign(lf, s.targets, items[static_cast<size_t>(k)]);

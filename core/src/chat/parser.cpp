@@ -18,6 +18,20 @@ namespace {
   fail("chat_template", "line {}: {}", line, msg);
 }
 
+// Recursion depth of the parsers: nested brackets, unary operators and blocks each recurse, so a template of
+// a few kilobytes could otherwise overflow the stack (Python's parser stops at its recursion limit too).
+constexpr int kMaxParseDepth = 200;
+struct Nesting {
+  Nesting(int& depth, int line, const char* what) : d(depth) {
+    if (++d > kMaxParseDepth)
+      syntax_error(line, fmt::format("{}s nest deeper than {} levels", what, kMaxParseDepth));
+  }
+  ~Nesting() { --d; }
+  Nesting(const Nesting&) = delete;
+  Nesting& operator=(const Nesting&) = delete;
+  int& d;
+};
+
 // ---- lexer ------------------------------------------------------------------------------------------------
 
 enum class Tok { Name, String, Int, Float, Op, End };
@@ -495,6 +509,7 @@ class ExprParser {
   }
 
   ExprP condexpr() {
+    const Nesting guard(depth_, cur().line, "expression");
     ExprP e = or_expr();
     while (is_name("if")) {
       const int line = cur().line;
@@ -533,6 +548,7 @@ class ExprParser {
   }
 
   ExprP not_expr() {
+    const Nesting guard(depth_, cur().line, "expression");
     if (is_name("not")) {
       ExprP n = make(ExprKind::Not, cur().line);
       next();
@@ -623,6 +639,7 @@ class ExprParser {
   }
 
   ExprP unary(bool with_filter) {
+    const Nesting guard(depth_, cur().line, "expression");
     ExprP e;
     if (is_op("-") || is_op("+")) {
       e = make(is_op("-") ? ExprKind::Neg : ExprKind::Pos, cur().line);
@@ -869,6 +886,7 @@ class ExprParser {
  private:
   const std::vector<Token>& toks_;
   size_t pos_ = 0;
+  int depth_ = 0;
   Token end_;
 };
 
@@ -892,6 +910,7 @@ class Parser {
  private:
   std::vector<Piece> pieces_;
   size_t pos_ = 0;
+  int depth_ = 0;
 
   static std::string tag_name(const Piece& p) {
     if (p.tokens.empty() || p.tokens[0].kind != Tok::Name)
@@ -941,6 +960,7 @@ class Parser {
   }
 
   std::unique_ptr<Stmt> statement(Piece& p, const std::string& name) {
+    const Nesting guard(depth_, p.line, "block");
     ExprParser ep(p.tokens, p.line);
     ep.next();  // tag name
     auto s = std::make_unique<Stmt>();

@@ -8,20 +8,70 @@
 #include <cmath>
 #include <cstring>
 
+#include "strata/error.hpp"
+
 namespace strata::chat {
 
 void raise(const std::string& message) {
   throw TemplateError(message);
 }
 
+namespace {
+int checked_nest(int inner) {
+  if (inner + 1 > Value::kMaxNesting)
+    raise(fmt::format("values nest deeper than {} levels of lists and dicts", Value::kMaxNesting));
+  return inner + 1;
+}
+int dict_nest(const Dict& d) {
+  int inner = 0;
+  for (const auto& [k, x] : d.items) inner = std::max({inner, k.depth(), x.depth()});
+  return checked_nest(inner);
+}
+
+// Bounds the recursive walks (repr, JSON, equality, ordering) for values that reach themselves: a
+// namespace can be set to hold itself, which no construction-time depth sees.
+thread_local int t_walk_depth = 0;
+struct WalkGuard {
+  WalkGuard() {
+    if (++t_walk_depth > Value::kMaxNesting) {
+      t_walk_depth = 0;  // the raise unwinds every guard; they decrement from here
+      raise(fmt::format("values nest deeper than {} levels (or contain themselves)", Value::kMaxNesting));
+    }
+  }
+  ~WalkGuard() {
+    if (t_walk_depth > 0) --t_walk_depth;
+  }
+  WalkGuard(const WalkGuard&) = delete;
+  WalkGuard& operator=(const WalkGuard&) = delete;
+};
+}  // namespace
+
+int Value::depth() const {
+  if (type == Type::List) return nest;
+  if ((type == Type::Dict || type == Type::Namespace) && dict) return dict->nest;
+  return 0;
+}
+
+Value Value::list_of(List items, bool is_tuple) {
+  int inner = 0;
+  for (const auto& x : items) inner = std::max(inner, x.depth());
+  Value v = make(Type::List);
+  v.nest = checked_nest(inner);
+  v.list = std::make_shared<List>(std::move(items));
+  v.tuple = is_tuple;
+  return v;
+}
+
 Value Value::dict_of(Dict d) {
   Value v = make(Type::Dict);
+  d.nest = dict_nest(d);
   v.dict = std::make_shared<Dict>(std::move(d));
   return v;
 }
 
 Value Value::namespace_of(Dict d) {
   Value v = make(Type::Namespace);
+  d.nest = dict_nest(d);
   v.dict = std::make_shared<Dict>(std::move(d));
   return v;
 }
@@ -45,6 +95,7 @@ const Value* Dict::find(std::string_view key) const {
 }
 
 void Dict::set(const Value& key, Value v) {
+  nest = std::max(nest, checked_nest(std::max(key.depth(), v.depth())));
   for (auto& [k, old] : items) {
     if (equals(k, key)) {
       old = std::move(v);
@@ -289,6 +340,7 @@ static std::string repr_string(const std::string& s) {
 }
 
 static std::string repr_seq(const Value& v) {
+  const WalkGuard guard;
   std::string out = v.tuple ? "(" : "[";
   for (size_t k = 0; k < v.list->size(); ++k) {
     if (k) out += ", ";
@@ -300,6 +352,7 @@ static std::string repr_seq(const Value& v) {
 }
 
 static std::string repr_dict(const Dict& d) {
+  const WalkGuard guard;
   std::string out = "{";
   bool first = true;
   for (const auto& [k, val] : d.items) {
@@ -416,6 +469,7 @@ static std::string json_key(const Value& k) {
 }
 
 static void json_value(std::string& out, const Value& v, const JsonOptions& opt, int level) {
+  const WalkGuard guard;
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += opt.indent;
@@ -495,6 +549,7 @@ static int64_t as_int(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
+  const WalkGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.type != Type::Float && b.type != Type::Float) return as_int(a) == as_int(b);
     return as_double(a) == as_double(b);
@@ -530,6 +585,7 @@ bool equals(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b, const char* op) {
+  const WalkGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.type != Type::Float && b.type != Type::Float) {
       const int64_t x = as_int(a), y = as_int(b);
@@ -555,7 +611,11 @@ int compare(const Value& a, const Value& b, const char* op) {
 // ---- JSON input -------------------------------------------------------------------------------------------
 
 template <class J>
-static Value convert(const J& j) {
+static Value convert(const J& j, int level = 1) {
+  // A request's JSON can nest as deep as its size allows; refuse before the recursion below can overflow.
+  if (level > Value::kMaxNesting && (j.is_array() || j.is_object()))
+    fail("chat_template", "a message or template variable nests deeper than {} levels of lists and objects",
+         Value::kMaxNesting);
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::none();
@@ -575,14 +635,14 @@ static Value convert(const J& j) {
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& e : j) items.push_back(convert(e));
+      for (const auto& e : j) items.push_back(convert(e, level + 1));
       return Value::list_of(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Dict d;
       d.items.reserve(j.size());
       for (auto it = j.begin(); it != j.end(); ++it)
-        d.items.emplace_back(Value::string(it.key()), convert(it.value()));
+        d.items.emplace_back(Value::string(it.key()), convert(it.value(), level + 1));
       return Value::dict_of(std::move(d));
     }
     default:

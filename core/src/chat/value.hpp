@@ -38,6 +38,13 @@ struct Value {
   std::shared_ptr<Dict> dict;    // Dict and Namespace (a namespace's dict is mutable through `set ns.x`)
   std::shared_ptr<Callable> fn;  // Function
   bool tuple = false;
+  int nest = 0;  // List: levels of lists and dicts inside, itself included (dicts keep theirs in Dict::nest)
+
+  // Values nest at most this deep (Python stops near 1000 with RecursionError). Without the bound a request's
+  // JSON or a template loop could build a value whose printing, comparison or destruction overflows the
+  // stack.
+  static constexpr int kMaxNesting = 512;
+  int depth() const;  // 0 for scalars, else the nesting levels of this list, dict or namespace
 
   static Value undefined(std::string why) {
     Value v;
@@ -65,12 +72,7 @@ struct Value {
     v.s = std::move(x);
     return v;
   }
-  static Value list_of(List items, bool is_tuple = false) {
-    Value v = make(Type::List);
-    v.list = std::make_shared<List>(std::move(items));
-    v.tuple = is_tuple;
-    return v;
-  }
+  static Value list_of(List items, bool is_tuple = false);
   static Value dict_of(Dict d);
   static Value namespace_of(Dict d);
   static Value function(std::string name, std::function<Value(struct CallArgs&)> fn);
@@ -92,6 +94,7 @@ struct Value {
 // An insertion-ordered dict (Python 3.7+ semantics); keys are values (almost always strings).
 struct Dict {
   std::vector<std::pair<Value, Value>> items;
+  int nest = 1;  // levels, itself included; raised by set(), never lowered (a bound, not an exact depth)
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
   void set(const Value& key, Value v);
