@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -13,12 +12,12 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <string_view>
 #include <thread>
 
 #include "commands.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 
 namespace strata::app {
 namespace {
@@ -61,31 +60,6 @@ void send_error(httplib::Response& res, const HttpError& e) {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "") {
   throw HttpError{400, message, "invalid_request_error", param, code};
-}
-
-// How deep a body's arrays and objects nest, read off the text (strings skipped). The JSON library parses
-// any depth, but copying, printing or rendering such a value recurses once per level: a 200 KB body of
-// brackets overflowed the stack and killed the server. Real requests (tool schemas included) stay far below.
-constexpr int kMaxBodyNesting = 128;
-int json_nesting(std::string_view text) {
-  int depth = 0, deepest = 0;
-  bool in_string = false;
-  for (size_t k = 0; k < text.size(); ++k) {
-    const char c = text[k];
-    if (in_string) {
-      if (c == '\\')
-        ++k;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
 }
 
 // Typed accessors for request fields: a known field with the wrong type is a 400 naming the field.
@@ -290,8 +264,9 @@ class Server {
 
   void complete(Engine& eng, const httplib::Request& req, httplib::Response& res, bool chat) {
     json body;
-    if (json_nesting(req.body) > kMaxBodyNesting)
-      bad("", fmt::format("the body nests arrays and objects deeper than {} levels", kMaxBodyNesting));
+    if (json_nesting(req.body) >
+        kMaxJsonNesting)  // before the parse: copies of deeper values overflow the stack
+      bad("", fmt::format("the body nests arrays and objects deeper than {} levels", kMaxJsonNesting));
     try {
       body = json::parse(req.body);
     } catch (const json::exception& e) {
@@ -476,15 +451,16 @@ class Server {
         const StoreTelemetry t = st->telemetry();
         const std::pair<const char*, uint64_t> hits[] = {
             {"vram", t.vram_hits}, {"ram", t.ram_hits}, {"cache", t.cache_hits}, {"disk", t.disk_reads}};
-        out += "# HELP strata_expert_uses_total routed (layer, expert) uses by the tier that served them\n"
-               "# TYPE strata_expert_uses_total counter\n";
-        for (const auto& [tier, n] : hits) out += fmt::format("strata_expert_uses_total{{tier=\"{}\"}} {}\n", tier, n);
+        out +=
+            "# HELP strata_expert_uses_total routed (layer, expert) uses by the tier that served them\n"
+            "# TYPE strata_expert_uses_total counter\n";
+        for (const auto& [tier, n] : hits)
+          out += fmt::format("strata_expert_uses_total{{tier=\"{}\"}} {}\n", tier, n);
         metric("strata_expert_disk_bytes_total", "counter", "bytes of expert weights read from disk",
                static_cast<double>(t.disk_bytes));
         metric("strata_expert_gpu_fallbacks_total", "counter", "GPU expert groups recomputed on the CPU",
                static_cast<double>(t.gpu_fallbacks));
-        metric("strata_moe_layer_seconds_total", "counter", "time in routed-expert layers",
-               t.layer_s);
+        metric("strata_moe_layer_seconds_total", "counter", "time in routed-expert layers", t.layer_s);
       }
     }
     res.set_content(out, "text/plain; version=0.0.4");

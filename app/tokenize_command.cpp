@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 #include "strata/tokenizer.hpp"
 
 namespace strata::app {
@@ -25,7 +26,7 @@ int cmd_tokenize(const TokenizeOptions& o) {
   }
   json input;
   try {
-    input = json::parse(text);
+    input = parse_json_text(text, "tokenizer", "--input " + o.input);
   } catch (const json::exception& e) {
     fail("tokenizer", "--input '{}' is not valid JSON: {}", o.input, e.what());
   }

@@ -35,6 +35,7 @@
 #include <set>
 
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 #include "strata/model_spec.hpp"
 #include "strata/quant.hpp"
 #include "strata/safetensors.hpp"
@@ -830,7 +831,7 @@ ConvertResult run(const ConvertOptions& o) {
   if (existed && fs::exists(jpath)) {
     json was;
     try {
-      was = json::parse(read_file_text(jpath));
+      was = parse_json_text(read_file_text(jpath), kComp, jpath.string());
     } catch (const json::exception& e) {
       fail(kComp,
            "{}: the journal of the interrupted conversion is not valid JSON ({}); remove {} to start over",
@@ -1011,7 +1012,8 @@ ConvertResult run(const ConvertOptions& o) {
   {
     ordered_json cfg;
     try {
-      cfg = ordered_json::parse(read_file_text(p.in / "config.json"));
+      cfg = parse_json_text<ordered_json>(read_file_text(p.in / "config.json"), kComp,
+                                          (p.in / "config.json").string());
     } catch (const json::exception& e) {
       fail(kComp, "{}: not valid JSON: {}", (p.in / "config.json").string(), e.what());
     }

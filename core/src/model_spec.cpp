@@ -3,9 +3,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -136,8 +138,9 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
     fail(kComp, "{}: missing — a model folder needs a Hugging Face config.json", file.string());
   json j;
   try {
-    std::ifstream in(file);
-    j = json::parse(in);
+    std::ifstream in(file, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    j = parse_json_text(text, kComp, file.string());
   } catch (const json::exception& e) {
     fail(kComp, "{}: not valid JSON: {}", file.string(), e.what());
   }

@@ -10,10 +10,12 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -68,7 +70,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     const auto* hbeg = reinterpret_cast<const char*>(bytes + 8);
     json header;
     try {
-      header = json::parse(hbeg, hbeg + header_len);
+      header = parse_json_text(std::string_view(hbeg, header_len), kComp, path.string() + " header");
     } catch (const json::exception& e) {
       fail(kComp, "{}: header is not valid JSON: {}", path.string(), e.what());
     }
@@ -162,8 +164,9 @@ SafetensorsSet::SafetensorsSet(const fs::path& dir) : dir_(dir) {
   if (fs::exists(index_path)) {
     json idx;
     try {
-      std::ifstream in(index_path);
-      idx = json::parse(in);
+      std::ifstream in(index_path, std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      idx = parse_json_text(text, kComp, index_path.string());
     } catch (const json::exception& e) {
       fail(kComp, "{}: not valid JSON: {}", index_path.string(), e.what());
     }

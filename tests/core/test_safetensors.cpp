@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -92,6 +93,12 @@ TEST_CASE("malformed headers") {
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("tensor 'w'"), Error);
   write_raw(p, raw_file(R"([1,2])", 0));
   CHECK_THROWS_WITH_AS(SafetensorsFile{p}, doctest::Contains("JSON object"), Error);
+  // 100 000 nested arrays in a metadata value: refused before the parse (copies of it overflowed the stack)
+  write_raw(
+      p,
+      raw_file(R"({"__metadata__":{"x":)" + std::string(100000, '[') + std::string(100000, ']') + "}}", 0));
+  CHECK_THROWS_WITH_AS(SafetensorsFile{p},
+                       doctest::Contains("header: arrays and objects nest deeper than 128"), Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile{tmp.path() / "absent.safetensors"}, doctest::Contains("cannot open"),
                        Error);
 }
@@ -150,4 +157,12 @@ TEST_CASE("atomic writes never leave a half file in place") {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(tmp.path())) ++n;
   CHECK(n == 1);
+}
+
+TEST_CASE("json_nesting: arrays and objects, not brackets inside strings") {
+  CHECK(json_nesting("") == 0);
+  CHECK(json_nesting("42") == 0);
+  CHECK(json_nesting(R"({"a": [1, {"b": []}]})") == 4);
+  CHECK(json_nesting(R"(["[[[[", "\"[[", "\\", [1]])") == 2);  // an escaped quote, an escaped backslash
+  CHECK(json_nesting(std::string(200, '[')) == 200);           // malformed: scanned as far as it goes
 }

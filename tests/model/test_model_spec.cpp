@@ -105,6 +105,11 @@ TEST_CASE("bad config.json: errors name the field and what was expected") {
   j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e4}, {"partial_rotary_factor", "half"}};
   CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'partial_rotary_factor' must be a number"),
                        Error);
+  write_text(tmp.path() / "config.json", R"({"model_type": "qwen3_moe", "hidden_size": )" +
+                                             std::string(100000, '[') + std::string(100000, ']') + "}");
+  CHECK_THROWS_WITH_AS(load_model_spec(tmp.path()),
+                       doctest::Contains("config.json: arrays and objects nest deeper than 128 levels"),
+                       Error);
   j["rope_parameters"]["partial_rotary_factor"] = 1e300;
   CHECK_THROWS_WITH_AS(spec_of(j), doctest::Contains("field 'partial_rotary_factor' must be in (0, 1]"),
                        Error);

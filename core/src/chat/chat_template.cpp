@@ -8,6 +8,7 @@
 #include "ast.hpp"
 #include "interpreter.hpp"
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 #include "value.hpp"
 
 namespace strata {
@@ -104,7 +105,7 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::filesystem::path& to
   const std::string text = read_file(tokenizer_config_json);
   nlohmann::ordered_json cfg;
   try {
-    cfg = nlohmann::ordered_json::parse(text);
+    cfg = parse_json_text<nlohmann::ordered_json>(text, "chat_template", tokenizer_config_json.string());
   } catch (const nlohmann::json::exception& e) {
     fail("chat_template", "{}: not valid JSON ({})", tokenizer_config_json.string(), e.what());
   }

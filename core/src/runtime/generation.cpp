@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -15,8 +17,9 @@ using nlohmann::json;
 namespace {
 json read_json(const fs::path& p) {
   try {
-    std::ifstream in(p);
-    return json::parse(in);
+    std::ifstream in(p, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return parse_json_text(text, "model", p.string());
   } catch (const json::exception& e) {
     fail("model", "{}: not valid JSON: {}", p.string(), e.what());
   }
@@ -42,7 +45,8 @@ ModelAssets ModelAssets::load(const fs::path& dir, const ModelSpec& spec) {
   if (fs::exists(dir / "tokenizer_config.json")) {
     const json tc = read_json(dir / "tokenizer_config.json");
     if ((tc.contains("chat_template") && !tc["chat_template"].is_null()) || has_jinja) {
-      a.chat_template = std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
+      a.chat_template =
+          std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
     }
   } else if (has_jinja) {
     std::ifstream in(dir / "chat_template.jinja");

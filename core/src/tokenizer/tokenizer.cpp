@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -13,6 +14,7 @@
 #include "json_util.hpp"
 #include "pipeline.hpp"
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 #include "unicode.hpp"
 
 namespace strata {
@@ -406,7 +408,8 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_file(const std::filesystem::pat
   }
   json root;
   try {
-    root = json::parse(in);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    root = parse_json_text(text, "tokenizer", tokenizer_json.string());
   } catch (const json::exception& e) {
     fail("tokenizer", "'{}' is not valid JSON: {}", tokenizer_json.string(), e.what());
   }
