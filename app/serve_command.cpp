@@ -110,7 +110,8 @@ std::string content_text(const json& c, size_t i) {
   if (!c.is_array()) bad(param, "message content must be a string or a list of text parts");
   std::string out;
   for (const auto& part : c) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    // (no part.value("type", ""): it throws when "type" is there but not a string)
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       bad(param, "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported");
     }

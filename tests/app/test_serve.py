@@ -151,6 +151,8 @@ class ServeTest(unittest.TestCase):
             ({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream"),
             ({"messages": [{"role": "user", "content": "hi"}], "stop": [1, 2]}, 400, "stop"),
             ({"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+            # a content part whose "type" is not a string (was a 500 from the JSON library; found by a random-body run)
+            ({"messages": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]}, 400, "messages[0].content"),
             ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "messages"),
         ]
         for body, status, param in cases:
