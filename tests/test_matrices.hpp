@@ -1,12 +1,12 @@
 // Random host matrices in every weight format for the plugin tests (conformance, CUDA).
 #pragma once
 
-#include <bit>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "strata/backend.hpp"
+#include "strata/dtype.hpp"
 #include "strata/quant.hpp"
 
 namespace strata::test {
@@ -54,8 +54,7 @@ inline HostMatrix random_matrix(std::mt19937& rng, WeightFormat fmt, int64_t row
     m.bytes.resize(n * 2);
     for (size_t i = 0; i < n; ++i) {
       const float v = d(rng);
-      const uint16_t h =
-          fmt == WeightFormat::BF16 ? to_bf16(v) : std::bit_cast<uint16_t>(static_cast<_Float16>(v));
+      const uint16_t h = fmt == WeightFormat::BF16 ? to_bf16(v) : strata::f32_to_f16_bits(v);
       std::memcpy(m.bytes.data() + 2 * i, &h, 2);
     }
   }

@@ -1,6 +1,7 @@
 // Element type names, sizes and scalar conversions.
 #include "strata/dtype.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -71,25 +72,25 @@ float f16_to_f32(uint16_t h) {
   return f;
 }
 
-float round_to_f16(float f) {
+uint16_t f32_to_f16_bits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
-  const uint32_t sign = x & 0x80000000u;
-  uint32_t a = x ^ sign;
-  if (a >= 0x7f800000u) return f;  // inf, NaN
-  if (a < 0x38800000u) {
-    // Below binary16's smallest normal (2^-14) the step is 2^-24: scaling by 2^24 is exact, and nearbyint
-    // rounds ties to even in the default rounding mode.
-    const float v = std::nearbyint(std::fabs(f) * 16777216.0f) / 16777216.0f;
-    std::memcpy(&a, &v, 4);
-  } else {
-    a = (a + 0xfffu + ((a >> 13) & 1u)) & ~0x1fffu;  // keep 10 of 23 fraction bits, ties to even
-    if (a >= 0x47800000u) a = 0x7f800000u;           // 65520 and beyond round to infinity
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));  // NaN, quiet
+  if (a >= 0x38800000u) {
+    // Normal in binary16 (or beyond): keep 10 of 23 fraction bits, ties to even, and rebias the exponent
+    // (127 - 15 = 112). A carry out of the fraction moves to the next binade, up to infinity (0x7c00);
+    // every input from 65520 up, infinity included, lands on it.
+    const uint32_t r = (a + 0xfffu + ((a >> 13) & 1u)) - (112u << 23);
+    return static_cast<uint16_t>(sign | std::min<uint32_t>(r >> 13, 0x7c00u));
   }
-  a |= sign;
-  float r;
-  std::memcpy(&r, &a, 4);
-  return r;
+  // Below 2^-14 the step is 2^-24: scaling by 2^24 is exact, nearbyint rounds ties to even (default mode).
+  return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(std::fabs(f) * 16777216.0f)));
+}
+
+float round_to_f16(float f) {
+  return f16_to_f32(f32_to_f16_bits(f));
 }
 
 }  // namespace strata

@@ -1,5 +1,9 @@
 // cpu_avx2: the exact-mode CPU kernels built for AVX2 + FMA + F16C (x86-64-v3: Haswell and later, every
 // Zen); this file (vtable and score) has no ISA flags.
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "cpu_plugin.hpp"
 #include "kernels/dot_block_avx2.hpp"
 
@@ -20,8 +24,11 @@ STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
       [] {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_cpu_init();
-        const bool ok =
-            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        // F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c". The
+        // AVX2 check already covers the OS saving the YMM registers.
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+        const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
         return ok ? nullptr : "this CPU lacks AVX2/FMA/F16C";
 #else
         return "not an x86-64 CPU";

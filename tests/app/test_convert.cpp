@@ -242,7 +242,9 @@ TEST_CASE("grid-aligned experts convert losslessly and the container runs like t
     const Container c(in.out());
     SafetensorsFile src(in.dir / "model.safetensors");
     int n = 0;
-    for (const auto& [name, info] : src.tensors()) {
+    for (const auto& name_info : src.tensors()) {
+      const auto& name = name_info.first;  // (no binding: clang 14 cannot capture one)
+      const auto& info = name_info.second;
       if (tensor_role(name, info.shape.size()) != TensorRole::RoutedExpert) continue;
       REQUIRE(info.dtype == DType::F32);
       const auto got = dequant(c, name, info.shape[0], info.shape[1], WeightFormat::Q4_G64);
@@ -295,7 +297,9 @@ TEST_CASE("every family converts: expert layout, f32 norms and router, index, co
       const Container c(in.out());
       SafetensorsFile src(in.dir / "model.safetensors");
       std::set<std::string> expert_keys;
-      for (const auto& [name, info] : src.tensors()) {
+      for (const auto& name_info : src.tensors()) {
+        const auto& name = name_info.first;  // (no binding: clang 14 cannot capture one)
+        const auto& info = name_info.second;
         CAPTURE(name);
         const TensorRole role = tensor_role(name, info.shape.size());
         if (role == TensorRole::RoutedExpert) {
@@ -372,7 +376,9 @@ TEST_CASE("dense formats: bf16 rounds to nearest even, q4_g64 quantizes like the
   convert_checkpoint(o);
   const Container b(in.out("bf16")), q(in.out("q4"));
   SafetensorsFile src(in.dir / "model.safetensors");
-  for (const auto& [name, info] : src.tensors()) {
+  for (const auto& name_info : src.tensors()) {
+    const auto& name = name_info.first;  // (no binding: clang 14 cannot capture one)
+    const auto& info = name_info.second;
     CAPTURE(name);
     const TensorRole role = tensor_role(name, info.shape.size());
     const auto w = to_f32(src.data(info), info.dtype, info.numel());
@@ -460,7 +466,9 @@ TEST_CASE("sharded output, interruption and resumption: same bytes, recorded sha
   CHECK(!fs::exists(partial));
   const auto a = folder_bytes(in.out("whole")), b = folder_bytes(out);
   CHECK(a.size() == b.size());
-  for (const auto& [name, bytes] : a) {
+  for (const auto& name_bytes : a) {
+    const auto& name = name_bytes.first;  // (no binding: clang 14 cannot capture one)
+    const auto& bytes = name_bytes.second;
     CAPTURE(name);
     REQUIRE(b.count(name) == 1);
     CHECK((bytes == b.at(name)));
@@ -537,9 +545,11 @@ TEST_CASE("FP8 e4m3 with 128x128 block scales: dense to BF16, experts to int4, s
   const ConvertResult r = convert_checkpoint(options(in.dir, in.out()));
   CHECK(r.input_shards == 2);
   const Container c(in.out());
-  for (const auto& [name, t] : c.tensors) CHECK_MESSAGE(!name.ends_with("_scale_inv"), name);
+  for (const auto& name_t : c.tensors) CHECK_MESSAGE(!name_t.first.ends_with("_scale_inv"), name_t.first);
   int dense = 0, experts = 0;
-  for (const auto& [name, deq] : dequantized) {
+  for (const auto& name_deq : dequantized) {
+    const auto& name = name_deq.first;  // (no binding: clang 14 cannot capture one)
+    const auto& deq = name_deq.second;
     CAPTURE(name);
     const TensorRole role = tensor_role(name, 2);
     const TensorInfo& o = c.info(name);

@@ -90,7 +90,7 @@ TEST_CASE("round trip error is bounded by half a step; Q4_ROW uses one scale per
   CHECK_THROWS_WITH_AS(parse_quant_name("q3_k"), doctest::Contains("unknown quantization 'q3_k'"), Error);
 }
 
-TEST_CASE("round_to_f16: the nearest binary16 value, as a cast through the compiler's float16 gives") {
+TEST_CASE("round_to_f16, f32_to_f16_bits: the nearest binary16 value, as the compiler's float16 cast gives") {
   using strata::round_to_f16;
   CHECK(round_to_f16(1.0f) == 1.0f);
   CHECK(round_to_f16(65504.0f) == 65504.0f);
@@ -111,9 +111,13 @@ TEST_CASE("round_to_f16: the nearest binary16 value, as a cast through the compi
     const auto bits = static_cast<uint32_t>(b);
     float f;
     std::memcpy(&f, &bits, 4);
-    const float want = static_cast<float>(static_cast<_Float16>(f));
+    const _Float16 h = static_cast<_Float16>(f);
+    const float want = static_cast<float>(h);
     const float got = round_to_f16(f);
     if (std::isnan(want) ? !std::isnan(got) : std::memcmp(&want, &got, 4) != 0) ++mismatches;
+    uint16_t want_bits;
+    std::memcpy(&want_bits, &h, 2);
+    if (!std::isnan(want) && strata::f32_to_f16_bits(f) != want_bits) ++mismatches;
   }
   CHECK(mismatches == 0);
 #endif

@@ -116,7 +116,8 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
   auto ref = backends_named("cpu_generic", 0);
   const auto names = plugins_under_test();
   for (WeightFormat f : kFormats) {
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}, {200, 129}}) {
+    for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{24, 40}, {96, 33}, {130, 64}, {200, 129}}) {
+      const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);

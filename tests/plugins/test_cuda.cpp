@@ -389,13 +389,14 @@ static void gpu_case_2(const PluginRecord* rec) {
   double worst = 0;
   const std::vector<int> counts = {0, 1, 4, 64, 3, 8, 9, 2};
   for (WeightFormat f : kFormats) {
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{24, 40},
-                               {96, 33},
-                               {130, 64},
-                               {200, 129},
-                               {256, 512},
-                               {64, 1},
-                               {1, 16}}) {
+    for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{24, 40},
+                                   {96, 33},
+                                   {130, 64},
+                                   {200, 129},
+                                   {256, 512},
+                                   {64, 1},
+                                   {1, 16}}) {
+      const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);
@@ -516,8 +517,9 @@ static void gpu_case_gemv(const PluginRecord* rec) {
        {WeightFormat::F32, WeightFormat::Q4_G64},
        {WeightFormat::Q4_ROW, WeightFormat::Q4_G64}}};
   for (size_t fs = 0; fs < format_sets.size(); ++fs) {
-    for (auto [hidden, ffn] :
+    for (const auto& hidden_ffn :
          {std::pair<int64_t, int64_t>{130, 33}, {64, 1}, {1, 16}, {96, 70}, {2100, 40}}) {
+      const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
       CAPTURE(fs);
       CAPTURE(hidden);
       CAPTURE(ffn);
@@ -657,7 +659,8 @@ static void gpu_case_4(const PluginRecord* rec) {
   auto w4 = make_cuda_with_env(*rec, "STRATA_CUDA_W4A16_MIN_ROWS", "16");
   std::mt19937 rng(16);
   for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{256, 128}, {130, 200}, {2048, 768}}) {
+    for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{256, 128}, {130, 200}, {2048, 768}}) {
+      const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);
@@ -833,7 +836,9 @@ static void gpu_case_tiles(const PluginRecord* rec) {
     auto cuda = make_cuda_with_env(*rec, fam.var, fam.value);
     for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
       CAPTURE(weight_format_name(f));
-      for (auto [o, i] : {std::pair<int64_t, int64_t>{1, 1}, {17, 65}, {33, 130}, {16, 128}, {40, 2100}}) {
+      for (const auto& o_i :
+           {std::pair<int64_t, int64_t>{1, 1}, {17, 65}, {33, 130}, {16, 128}, {40, 2100}}) {
+        const int64_t o = o_i.first, i = o_i.second;  // (clang 14 cannot capture bindings)
         CAPTURE(o);
         CAPTURE(i);
         const HostMatrix w = random_matrix(rng, f, o, i);
@@ -854,7 +859,9 @@ static void gpu_case_tiles(const PluginRecord* rec) {
       // Expert groups of 3 experts with 1, 3 and 20 rows, resident vs staged: small (every warp only in the
       // remainder of its K slice), and 1100 x 600 (whole load batches and a remainder in the same slice).
       // With only the gate resident, gate and up differ in layout within one expert.
-      for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33}, {1100, 600}}) {
+      for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{130, 33}, {1100, 600}}) {
+        const int64_t hidden = hidden_ffn.first,
+                      ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
         CAPTURE(hidden);
         const Group grp(rng, hidden, ffn, 24, {1, 3, 20}, same_format(f, 3));
         const auto want = grp.run(*cuda);
@@ -913,17 +920,18 @@ static void gpu_case_layer(const PluginRecord* rec,
     // Load batches per warp (gate/up: 2 K slices; down: 1): 0 (130 x 33), 3 and 1 / 2 (1100 x 600), 1 and 0
     // / 0 (256 x 96), 4 and 2 / 0 (1600 x 40), 5 and 3 / 0 (2100 x 40), 0 / 4 (130 x 1100), 0 / 5
     // (130 x 1300): every place where run_batches frees a buffer for the next tile's loads.
-    for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{130, 33},
-                               {1100, 600},
-                               {256, 96},
-                               {1600, 40},
-                               {2100, 40},
-                               {130, 1100},
-                               {130, 1300},
-                               {2101, 40},
-                               {1601, 40},
-                               {131, 1101},
-                               {131, 1301}}) {
+    for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{130, 33},
+                                   {1100, 600},
+                                   {256, 96},
+                                   {1600, 40},
+                                   {2100, 40},
+                                   {130, 1100},
+                                   {130, 1300},
+                                   {2101, 40},
+                                   {1601, 40},
+                                   {131, 1101},
+                                   {131, 1301}}) {
+      const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
       CAPTURE(hidden);
       CAPTURE(ffn);
       // (odd hidden: at most 2 rows per expert, so one n-tile, where the DEEP instance runs: 5 and 3 / 0
@@ -1064,7 +1072,8 @@ static void gpu_case_graphs(const PluginRecord* rec) {
   const std::vector<std::vector<int>> counts = {{1, 1, 1, 1}, {2, 1, 0, 1}, {3, 4, 1, 2}, {9, 1, 17, 2}};
   for (const auto& c : counts)
     groups.emplace_back(rng, 200, 72, 24, c, same_format(WeightFormat::Q4_G64, c.size()));
-  for (auto [hidden, ffn] : {std::pair<int64_t, int64_t>{200, 100}, {136, 72}, {136, 100}}) {
+  for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{200, 100}, {136, 72}, {136, 100}}) {
+    const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
     groups.emplace_back(rng, hidden, ffn, 24, counts[0], same_format(WeightFormat::Q4_G64, 4));
     groups.emplace_back(rng, hidden, ffn, 24, counts[1], same_format(WeightFormat::Q4_G64, 4));
   }

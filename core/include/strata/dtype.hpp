@@ -20,5 +20,6 @@ float f16_to_f32(uint16_t h);
 // returned as f32: what a cast through float16 gives, without the compiler's _Float16 (absent on some
 // targets and compilers).
 float round_to_f16(float f);
+uint16_t f32_to_f16_bits(float f);  // the same rounding, as binary16 bits
 
 }  // namespace strata
