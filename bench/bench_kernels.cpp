@@ -79,18 +79,6 @@ Layer route(int n, int k, int first, int span, std::mt19937& rng, int pool) {
   return l;
 }
 
-double run_layer(const Backend& b, const Pool& p, const Layer& l, int n, int64_t hidden, int reps) {
-  std::vector<float> x(static_cast<size_t>(n) * hidden, 0.01f);
-  std::vector<std::vector<float>> out(l.rows.size());
-  std::vector<ExpertTask> tasks;
-  for (size_t e = 0; e < l.rows.size(); ++e) {
-    if (l.rows[e].empty()) continue;
-    out[e].resize(l.rows[e].size() * static_cast<size_t>(hidden));
-    tasks.push_back({&p.experts[e], l.rows[e], out[e].data()});
-  }
-  return bench::median_seconds(reps, [&] { b.expert_group(x.data(), n, hidden, tasks); });
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
