@@ -628,6 +628,7 @@ class Interp {
         line_ = s.line;
         Value ns = lookup(s.targets[0], f);
         if (ns.type != Type::Namespace) raise("cannot assign attribute on non-namespace object");
+        if (v.reaches_namespace()) raise(kNamespaceInNamespace);
         ns.dict->set(s.targets[1], v);
         return Flow::Normal;
       }

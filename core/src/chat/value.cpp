@@ -16,34 +16,24 @@ void raise(const std::string& message) {
   throw TemplateError(message);
 }
 
+const char* const kNamespaceInNamespace =
+    "a namespace cannot hold another namespace (or itself), directly or inside a list or dict";
+
 namespace {
 int checked_nest(int inner) {
   if (inner + 1 > Value::kMaxNesting)
     raise(fmt::format("values nest deeper than {} levels of lists and dicts", Value::kMaxNesting));
   return inner + 1;
 }
-int dict_nest(const Dict& d) {
+int dict_nest(Dict& d) {
   int inner = 0;
-  for (const auto& [k, x] : d.items) inner = std::max({inner, k.depth(), x.depth()});
+  for (const auto& [k, x] : d.items) {
+    inner = std::max({inner, k.depth(), x.depth()});
+    d.holds_ns = d.holds_ns || k.reaches_namespace() || x.reaches_namespace();
+  }
   return checked_nest(inner);
 }
 
-// Bounds the recursive walks (repr, JSON, equality, ordering) for values that reach themselves: a
-// namespace can be set to hold itself, which no construction-time depth sees.
-thread_local int t_walk_depth = 0;
-struct WalkGuard {
-  WalkGuard() {
-    if (++t_walk_depth > Value::kMaxNesting) {
-      t_walk_depth = 0;  // the raise unwinds every guard; they decrement from here
-      raise(fmt::format("values nest deeper than {} levels (or contain themselves)", Value::kMaxNesting));
-    }
-  }
-  ~WalkGuard() {
-    if (t_walk_depth > 0) --t_walk_depth;
-  }
-  WalkGuard(const WalkGuard&) = delete;
-  WalkGuard& operator=(const WalkGuard&) = delete;
-};
 }  // namespace
 
 int Value::depth() const {
@@ -52,11 +42,23 @@ int Value::depth() const {
   return 0;
 }
 
+bool Value::reaches_namespace() const {
+  if (type == Type::Namespace) return true;
+  if (type == Type::List) return holds_ns;
+  if (type == Type::Dict && dict) return dict->holds_ns;
+  return false;
+}
+
 Value Value::list_of(List items, bool is_tuple) {
   int inner = 0;
-  for (const auto& x : items) inner = std::max(inner, x.depth());
+  bool ns = false;
+  for (const auto& x : items) {
+    inner = std::max(inner, x.depth());
+    ns = ns || x.reaches_namespace();
+  }
   Value v = make(Type::List);
   v.nest = checked_nest(inner);
+  v.holds_ns = ns;
   v.list = std::make_shared<List>(std::move(items));
   v.tuple = is_tuple;
   return v;
@@ -72,6 +74,7 @@ Value Value::dict_of(Dict d) {
 Value Value::namespace_of(Dict d) {
   Value v = make(Type::Namespace);
   d.nest = dict_nest(d);
+  if (d.holds_ns) raise(kNamespaceInNamespace);
   v.dict = std::make_shared<Dict>(std::move(d));
   return v;
 }
@@ -96,6 +99,7 @@ const Value* Dict::find(std::string_view key) const {
 
 void Dict::set(const Value& key, Value v) {
   nest = std::max(nest, checked_nest(std::max(key.depth(), v.depth())));
+  holds_ns = holds_ns || key.reaches_namespace() || v.reaches_namespace();
   for (auto& [k, old] : items) {
     if (equals(k, key)) {
       old = std::move(v);
@@ -340,7 +344,6 @@ static std::string repr_string(const std::string& s) {
 }
 
 static std::string repr_seq(const Value& v) {
-  const WalkGuard guard;
   std::string out = v.tuple ? "(" : "[";
   for (size_t k = 0; k < v.list->size(); ++k) {
     if (k) out += ", ";
@@ -352,7 +355,6 @@ static std::string repr_seq(const Value& v) {
 }
 
 static std::string repr_dict(const Dict& d) {
-  const WalkGuard guard;
   std::string out = "{";
   bool first = true;
   for (const auto& [k, val] : d.items) {
@@ -469,7 +471,6 @@ static std::string json_key(const Value& k) {
 }
 
 static void json_value(std::string& out, const Value& v, const JsonOptions& opt, int level) {
-  const WalkGuard guard;
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += opt.indent;
@@ -549,7 +550,6 @@ static int64_t as_int(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
-  const WalkGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.type != Type::Float && b.type != Type::Float) return as_int(a) == as_int(b);
     return as_double(a) == as_double(b);
@@ -585,7 +585,6 @@ bool equals(const Value& a, const Value& b) {
 }
 
 int compare(const Value& a, const Value& b, const char* op) {
-  const WalkGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.type != Type::Float && b.type != Type::Float) {
       const int64_t x = as_int(a), y = as_int(b);

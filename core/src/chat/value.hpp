@@ -44,7 +44,9 @@ struct Value {
   // JSON or a template loop could build a value whose printing, comparison or destruction overflows the
   // stack.
   static constexpr int kMaxNesting = 512;
-  int depth() const;  // 0 for scalars, else the nesting levels of this list, dict or namespace
+  int depth() const;               // 0 for scalars, else the nesting levels of this list, dict or namespace
+  bool holds_ns = false;           // List: a namespace is inside (dicts keep theirs in Dict::holds_ns)
+  bool reaches_namespace() const;  // a namespace is this value or inside it
 
   static Value undefined(std::string why) {
     Value v;
@@ -91,10 +93,17 @@ struct Value {
   }
 };
 
+extern const char* const
+    kNamespaceInNamespace;  // the error of namespace(...) and `set ns.x` (jinja2 allows it)
+
 // An insertion-ordered dict (Python 3.7+ semantics); keys are values (almost always strings).
 struct Dict {
   std::vector<std::pair<Value, Value>> items;
   int nest = 1;  // levels, itself included; raised by set(), never lowered (a bound, not an exact depth)
+  // A namespace is inside (set() keeps it; never cleared). Namespaces are the only mutable values and may not
+  // hold one another (kNamespaceInNamespace), so no value contains itself (a cycle of shared pointers would
+  // never be freed) and a list's depth, fixed when it is built, is off by at most one namespace's contents.
+  bool holds_ns = false;
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
   void set(const Value& key, Value v);
