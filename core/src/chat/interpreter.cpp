@@ -577,10 +577,10 @@ class Interp {
   int line_ = 0;
   Value placeholder_;
   int depth_ = 0;
-  // Loop iterations of one render, all loops together: ~2 µs each, so a template (a model folder's, or one
-  // looping over a request's data) spends at most a few seconds. Real templates loop over the messages and
-  // tools: thousands.
-  static constexpr int64_t kMaxLoopIterations = 1000000;
+  // Loop iterations of one render, all loops together: 2-6 µs each, so a template (a model folder's, or one
+  // looping over a request's data) spends about a second at most. Real templates loop over the messages and
+  // tools: a 200k-token conversation has well under 100 000 messages.
+  static constexpr int64_t kMaxLoopIterations = 250000;
   int64_t iterations_ = 0;
 
   // ---- statements ----
