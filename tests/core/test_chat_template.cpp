@@ -118,6 +118,8 @@ TEST_CASE("where Python has no limit, the interpreter stops with an error naming
            Case{"{{ '%9999999999s'|format('x') }}", "format width is too large (at most 1048576)"},
            Case{"{{ '%.99999999999f'|format(1.5) }}", "format precision is too large"},
            Case{"{{ '%5-3s'|format('x') }}", "unsupported format specification '%5-3'"},
+           Case{"{{ '%0\\x00e'|format(1.5) }}",
+                "unsupported format character"},  // a NUL once passed for a flag
        }) {
     const std::string src = c.source;
     const std::string err = error_of([&] { render_snippet(src); });

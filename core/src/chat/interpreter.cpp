@@ -400,7 +400,9 @@ constexpr uint64_t kMaxRepeat = uint64_t{1} << 26;
 PercentSpec parse_percent_spec(const std::string& spec) {
   PercentSpec p;
   size_t k = 0;
-  while (k < spec.size() && std::strchr("-+ #0", spec[k]) != nullptr) p.flags.push_back(spec[k++]);
+  // (strchr also finds a string's terminator: a NUL in the template must not pass for a flag)
+  while (k < spec.size() && spec[k] != '\0' && std::strchr("-+ #0", spec[k]) != nullptr)
+    p.flags.push_back(spec[k++]);
   auto number = [&](const char* what) {
     size_t v = 0;
     while (k < spec.size() && std::isdigit(static_cast<unsigned char>(spec[k]))) {
@@ -431,7 +433,8 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
     }
     if (++k >= f.size()) raise("incomplete format");
     std::string spec;
-    while (k < f.size() && std::strchr("-+ #0123456789.", f[k]) != nullptr) spec.push_back(f[k++]);
+    while (k < f.size() && f[k] != '\0' && std::strchr("-+ #0123456789.", f[k]) != nullptr)
+      spec.push_back(f[k++]);
     if (k >= f.size()) raise("incomplete format");
     const char conv = f[k];
     if (conv == '%') {

@@ -356,7 +356,7 @@ class Lexer {
         return p + 2;
       }
     }
-    if (std::strchr("+-*/%~<>=()[]{},.:|", c) != nullptr) {
+    if (c != '\0' && std::strchr("+-*/%~<>=()[]{},.:|", c) != nullptr) {  // (strchr finds the terminator too)
       if (c == '(' || c == '[' || c == '{') ++depth;
       if (c == ')' || c == ']' || c == '}') depth = std::max(0, depth - 1);
       t.kind = Tok::Op;
