@@ -401,8 +401,10 @@ PercentSpec parse_percent_spec(const std::string& spec) {
   PercentSpec p;
   size_t k = 0;
   // (strchr also finds a string's terminator: a NUL in the template must not pass for a flag)
-  while (k < spec.size() && spec[k] != '\0' && std::strchr("-+ #0", spec[k]) != nullptr)
-    p.flags.push_back(spec[k++]);
+  // Each flag once: Python accepts "%0000005d", but printf parsers read the zeros after the first as width
+  // digits (fmt refused 18 of them as "number is too big").
+  for (; k < spec.size() && spec[k] != '\0' && std::strchr("-+ #0", spec[k]) != nullptr; ++k)
+    if (p.flags.find(spec[k]) == std::string::npos) p.flags.push_back(spec[k]);
   auto number = [&](const char* what) {
     size_t v = 0;
     while (k < spec.size() && std::isdigit(static_cast<unsigned char>(spec[k]))) {
