@@ -265,11 +265,8 @@ class Server {
 
   void complete(Engine& eng, const httplib::Request& req, httplib::Response& res, bool chat) {
     json body;
-    if (json_nesting(req.body) >
-        kMaxJsonNesting)  // before the parse: copies of deeper values overflow the stack
-      bad("", fmt::format("the body nests arrays and objects deeper than {} levels", kMaxJsonNesting));
     try {
-      body = json::parse(req.body);
+      body = parse_json_text<json>(req.body, "request", "the body");  // too deep: strata::Error, a 400
     } catch (const json::exception& e) {
       bad("", std::string("the body is not valid JSON: ") + e.what());
     }

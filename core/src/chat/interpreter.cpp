@@ -464,8 +464,8 @@ std::string percent_format(const std::string& f, const List& args, bool mapping 
         if (a.type == Type::Float) {
           if (std::isnan(a.f)) raise("cannot convert float NaN to integer");
           if (std::isinf(a.f)) raise("cannot convert float infinity to integer");
-          if (std::fabs(a.f) >=
-              9.2e18) {  // beyond int64: a double this large is an integer, %.0f prints it all
+          // Beyond int64 a double is an integer, and %.0f prints all of it.
+          if (std::fabs(a.f) >= 9.2e18) {
             PercentSpec whole = ps;
             whole.precision.reset();
             out += fmt::sprintf(whole.printf_prefix() + ".0f", a.f);
@@ -531,9 +531,8 @@ std::string brace_format(const std::string& f, const CallArgs& a) {
       v = &a.pos[auto_idx++];
     } else if (std::all_of(field.begin(), field.end(),
                            [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
-      if (field.size() > 18 || std::stoull(field) >= a.pos.size())
-        raise(fmt::format("Replacement index {} out of range", field));
-      const size_t idx = std::stoull(field);
+      const size_t idx = field.size() > 18 ? SIZE_MAX : std::stoull(field);  // (19+ digits: beyond any list)
+      if (idx >= a.pos.size()) raise(fmt::format("Replacement index {} out of range", field));
       v = &a.pos[idx];
     } else {
       for (const auto& [kk, vv] : a.kw)
