@@ -47,8 +47,9 @@ std::string default_model_dir() {
   std::string where;
   for (const auto& t : tried) where += "\n  " + t.string();
   throw Error("model", fmt::format("no --model given and the bundled model {} was not found; looked in:{}\n"
-                          "pass --model DIR or set STRATA_MODEL",
-                          kBundledModel, where.empty() ? std::string(" (cannot locate the executable)") : where));
+                                   "pass --model DIR or set STRATA_MODEL",
+                                   kBundledModel,
+                                   where.empty() ? std::string(" (cannot locate the executable)") : where));
 }
 
 Loaded load(const ModelOptions& given, bool with_assets) {
@@ -82,7 +83,9 @@ Loaded load(const ModelOptions& given, bool with_assets) {
     }
   };
   Backends backends = choose_backends(*l.registry, l.config);
-  for (const auto& line : backends.skipped) fmt::print(stderr, "strata: {}\n", line);  // (a preference passed over)
+  for (const auto& line : backends.skipped)
+    fmt::print(stderr, "strata: {}\n", line);  // (a preference passed over)
+  for (const auto& line : backends.approximations) fmt::print(stderr, "strata: warning: {}\n", line);
   l.model = Model::load(o.model, std::move(backends), lo);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tty) {
@@ -92,27 +95,29 @@ Loaded load(const ModelOptions& given, bool with_assets) {
   }
   if (const ExpertStore* st = l.model->expert_store()) {
     const StorePlan& p = st->plan();
-    if (tty || !p.mapped || !p.gpu.empty() || !p.warnings.empty()) fmt::print(stderr, "{}\n", st->plan_text());
+    if (tty || !p.mapped || !p.gpu.empty() || !p.warnings.empty())
+      fmt::print(stderr, "{}\n", st->plan_text());
   }
   if (with_assets) l.assets = std::make_shared<ModelAssets>(ModelAssets::load(o.model, l.model->spec()));
   return l;
 }
 
 nlohmann::json telemetry_json(const StoreTelemetry& t) {
-  return {{"hits", {{"vram", t.vram_hits}, {"ram", t.ram_hits}, {"cache", t.cache_hits}, {"disk", t.disk_reads}}},
-          {"disk_bytes", t.disk_bytes},
-          {"gpu_fallbacks", t.gpu_fallbacks},
-          {"prefetch", {{"reads", t.prefetch_reads}, {"hits", t.prefetch_hits}, {"recall", t.prefetch_recall()}}},
-          {"seconds",
-           {{"moe_layers", t.layer_s},
-            {"gpu_issue", t.gpu_issue_s},
-            {"cpu_rows", t.cpu_rows_s},
-            {"cpu_start", t.cpu_start_s},
-            {"cpu_end", t.cpu_end_s},
-            {"gpu_issued", t.gpu_issued_s},
-            {"gpu_done", t.gpu_done_s},
-            {"disk_wait", t.disk_wait_s},
-            {"gpu_take", t.take_s}}}};
+  return {
+      {"hits", {{"vram", t.vram_hits}, {"ram", t.ram_hits}, {"cache", t.cache_hits}, {"disk", t.disk_reads}}},
+      {"disk_bytes", t.disk_bytes},
+      {"gpu_fallbacks", t.gpu_fallbacks},
+      {"prefetch", {{"reads", t.prefetch_reads}, {"hits", t.prefetch_hits}, {"recall", t.prefetch_recall()}}},
+      {"seconds",
+       {{"moe_layers", t.layer_s},
+        {"gpu_issue", t.gpu_issue_s},
+        {"cpu_rows", t.cpu_rows_s},
+        {"cpu_start", t.cpu_start_s},
+        {"cpu_end", t.cpu_end_s},
+        {"gpu_issued", t.gpu_issued_s},
+        {"gpu_done", t.gpu_done_s},
+        {"disk_wait", t.disk_wait_s},
+        {"gpu_take", t.take_s}}}};
 }
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -144,13 +149,14 @@ int cmd_plugins(const CommonOptions& o) {
     fmt::print("  {}{}\n", d.string(), fs::is_directory(d) ? "" : "  (absent)");
   std::string dense_name, expert_names;
   std::string choose_error;
-  std::vector<std::string> skipped;
+  std::vector<std::string> skipped, approximations;
   try {
     const Backends b = choose_backends(reg, cfg);
     dense_name = std::string(b.dense->name());
     for (const auto& e : b.experts)
       expert_names += (expert_names.empty() ? "" : ",") + std::string(e->name());
     skipped = b.skipped;
+    approximations = b.approximations;
   } catch (const Error& e) {
     choose_error = e.what();
   }
@@ -165,15 +171,21 @@ int cmd_plugins(const CommonOptions& o) {
       if (p.name == dense_name) roles.push_back("dense");
       if (("," + expert_names + ",").find("," + p.name + ",") != std::string::npos)
         roles.push_back("experts");
-      status =
-          roles.empty() ? "available (not chosen)" : fmt::format("chosen for {}", fmt::join(roles, " + "));
+      if (!roles.empty()) {
+        status = fmt::format("chosen for {}", fmt::join(roles, " + "));
+      } else {
+        status = p.approximation.empty() ? "available (not chosen)"
+                                         : "available (not exact mode: chosen only when a config names it)";
+      }
     }
     fmt::print("  {:<14} {:<8} score {:>4}  {}\n", p.name, p.version.empty() ? "-" : p.version, p.score,
                status);
+    if (!p.approximation.empty()) fmt::print("  {:<14} not exact: {}\n", "", p.approximation);
     fmt::print("  {:<14} {}\n", "", p.file.string());
   }
   if (!expert_names.empty()) fmt::print("experts preference: {}\n", expert_names);
   for (const auto& line : skipped) fmt::print("{}\n", line);
+  for (const auto& line : approximations) fmt::print("warning: {}\n", line);
   if (!choose_error.empty()) {
     fmt::print(stderr, "strata: {}\n", choose_error);
     return 1;

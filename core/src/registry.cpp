@@ -100,6 +100,10 @@ void PluginRegistry::load(const fs::path& file) {
   rec.version = vt->version != nullptr ? vt->version : "";
   rec.description = vt->description != nullptr ? vt->description : "";
   rec.vtable = vt;
+  if (STRATA_PLUGIN_HAS_SLOT(vt, approximation)) {
+    rec.approximation = vt->approximation;
+    if (rec.approximation.empty()) rec.approximation = "not exact mode (the plugin gives no details)";
+  }
   for (const auto& p : plugins_) {
     if (p.usable && p.name == rec.name)
       return reject(fmt::format("shadowed by {} (same name)", p.file.string()));
@@ -122,10 +126,10 @@ const PluginRecord* PluginRegistry::find(const std::string& name) const {
   return nullptr;
 }
 
-std::vector<const PluginRecord*> PluginRegistry::ranked() const {
+std::vector<const PluginRecord*> PluginRegistry::ranked(bool exact_only) const {
   std::vector<const PluginRecord*> out;
   for (const auto& p : plugins_) {
-    if (p.usable) out.push_back(&p);
+    if (p.usable && !(exact_only && !p.approximation.empty())) out.push_back(&p);
   }
   std::stable_sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->score > b->score; });
   return out;
@@ -154,7 +158,8 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
     for (const auto& d : registry.search_path()) dirs += (dirs.empty() ? "" : ", ") + d.string();
     return fmt::format("plugin '{}' was not found (searched: {})", name, dirs.empty() ? "nothing" : dirs);
   };
-  const auto ranked = registry.ranked();
+  // auto means exact mode: a plugin that approximates (DESIGN §6, "opt-in, named") runs only where named.
+  const auto ranked = registry.ranked(/*exact_only=*/true);
   if (ranked.empty()) {
     std::string dirs;
     for (const auto& d : registry.search_path()) dirs += (dirs.empty() ? "" : ", ") + d.string();
@@ -208,6 +213,15 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
     }
     for (auto& r : rejected) out.skipped.push_back("backends.experts: skipped " + r);
   }
+  std::set<std::string> said;
+  auto say = [&](const std::shared_ptr<Backend>& b, const char* role) {
+    const PluginRecord* p = registry.find(std::string(b->name()));
+    if (p == nullptr || p->approximation.empty() || !said.insert(p->name).second) return;
+    out.approximations.push_back(
+        fmt::format("{} plugin {} is not exact mode (opt-in): {}", role, p->name, p->approximation));
+  };
+  say(out.dense, "the dense");
+  for (const auto& e : out.experts) say(e, "the experts'");
   return out;
 }
 

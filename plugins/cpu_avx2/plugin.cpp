@@ -10,8 +10,9 @@
 extern "C" {
 
 STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
-  static const strata_plugin_vtable vtable = strata_cpu::make_cpu_vtable<&strata_cpu::dot_block_avx2>(
-      "cpu_avx2", STRATA_VERSION, "AVX2/FMA/F16C exact-mode kernels (f32/bf16/f16/int4, oneTBB)");
+  static const strata_plugin_vtable vtable =
+      strata_cpu::make_cpu_vtable<strata_cpu::ExactKernels<&strata_cpu::dot_block_avx2>>(
+          "cpu_avx2", STRATA_VERSION, "AVX2/FMA/F16C exact-mode kernels (f32/bf16/f16/int4, oneTBB)");
   return &vtable;
 }
 

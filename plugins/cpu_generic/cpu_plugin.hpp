@@ -1,6 +1,6 @@
-// The vtable of an exact-mode CPU backend (shared by cpu_generic, cpu_avx512 and cpu_avx2): error capture at
-// the ABI boundary, a oneTBB arena sized from the options, argument checks, dispatch to the drivers with the
-// plugin's own row-block dot kernel.
+// The vtable of a CPU backend (shared by cpu_generic, cpu_avx512, cpu_avx2 and cpu_vnni): error capture at
+// the ABI boundary, a oneTBB arena sized from the options, argument checks, dispatch to the plugin's kernels
+// (the exact-mode drivers with its own row-block dot kernel, or cpu_vnni's int8-activation drivers).
 #pragma once
 
 #include <tbb/task_arena.h>
@@ -130,7 +130,21 @@ inline bool check_matrix(const strata_matrix* m, const char* what, strata_status
   return true;
 }
 
+// The kernels of an exact-mode plugin: the shared drivers over its row-block dot kernel. A plugin with other
+// drivers passes a struct of its own with the same two static functions.
 template <DotBlockFn Dot>
+struct ExactKernels {
+  static void matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y) {
+    matmul_driver(Dot, w, x, n_x_rows, y);
+  }
+  static void expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
+                           const strata_expert_task* tasks) {
+    (void)n_x_rows;
+    expert_group_driver(Dot, x, hidden, n_tasks, tasks);
+  }
+};
+
+template <class Kernels>
 strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const float* x, int64_t n_x_rows,
                          float* y) {
   return guarded([&] {
@@ -141,12 +155,12 @@ strata_status cpu_matmul(strata_backend* b, const strata_matrix* w, const float*
       return fail(STRATA_ERR_INVALID_ARGUMENT, "matmul: bad activations");
     }
     if (n_x_rows == 0) return STRATA_OK;
-    as_cpu(b)->arena.execute([&] { matmul_driver(Dot, *w, x, n_x_rows, y); });
+    as_cpu(b)->arena.execute([&] { Kernels::matmul(*w, x, n_x_rows, y); });
     return STRATA_OK;
   });
 }
 
-template <DotBlockFn Dot>
+template <class Kernels>
 strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t n_x_rows, int64_t hidden,
                                int32_t n_tasks, const strata_expert_task* tasks) {
   return guarded([&] {
@@ -182,12 +196,12 @@ strata_status cpu_expert_group(strata_backend* b, const float* x, int64_t n_x_ro
         }
       }
     }
-    as_cpu(b)->arena.execute([&] { expert_group_driver(Dot, x, hidden, n_tasks, tasks); });
+    as_cpu(b)->arena.execute([&] { Kernels::expert_group(x, n_x_rows, hidden, n_tasks, tasks); });
     return STRATA_OK;
   });
 }
 
-template <DotBlockFn Dot>
+template <class Kernels>
 strata_plugin_vtable make_cpu_vtable(const char* name, const char* version, const char* description) {
   strata_plugin_vtable v{};
   v.abi_version = STRATA_PLUGIN_ABI_VERSION;
@@ -199,9 +213,9 @@ strata_plugin_vtable make_cpu_vtable(const char* name, const char* version, cons
   v.create = &cpu_create;
   v.destroy = &cpu_destroy;
   v.supports_matmul = &cpu_supports;
-  v.matmul = &cpu_matmul<Dot>;
+  v.matmul = &cpu_matmul<Kernels>;
   v.supports_expert_group = &cpu_supports;
-  v.expert_group = &cpu_expert_group<Dot>;
+  v.expert_group = &cpu_expert_group<Kernels>;
   return v;
 }
 

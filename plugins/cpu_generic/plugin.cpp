@@ -5,8 +5,9 @@
 extern "C" {
 
 STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
-  static const strata_plugin_vtable vtable = strata_cpu::make_cpu_vtable<&strata_cpu::dot_block_generic>(
-      "cpu_generic", STRATA_VERSION, "portable reference kernels (f32/bf16/f16/int4, oneTBB)");
+  static const strata_plugin_vtable vtable =
+      strata_cpu::make_cpu_vtable<strata_cpu::ExactKernels<&strata_cpu::dot_block_generic>>(
+          "cpu_generic", STRATA_VERSION, "portable reference kernels (f32/bf16/f16/int4, oneTBB)");
   return &vtable;
 }
 

@@ -156,6 +156,12 @@ typedef struct strata_plugin_vtable {
    * there is in flight. STRATA_ERR_UNSUPPORTED: not offered here. */
   strata_status (*host_register)(strata_backend* backend, void* ptr, uint64_t bytes);
   strata_status (*host_unregister)(strata_backend* backend, void* ptr);
+
+  /* (optional, appended) NULL for a plugin that keeps the exact-mode contract (DESIGN §6: f32 activations, the
+   * canonical order where it claims it). Otherwise a one-line text naming what it approximates and how far its
+   * results may move, e.g. "int8 activations (one scale per 64 columns); outputs within ~1 % of exact mode".
+   * The core never chooses such a plugin by `auto`, and says the text when a config names it. */
+  const char* approximation;
 } strata_plugin_vtable;
 
 /* The vtable size every plugin must have: through expert_group_discard (the revision of ABI 1 that also added

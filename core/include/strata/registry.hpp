@@ -21,6 +21,9 @@ struct PluginRecord {
   std::string version;
   std::string description;
   uint32_t score = 0;
+  // Empty for a plugin in exact mode (DESIGN §6); else what it approximates, in its own words (the vtable's
+  // `approximation`). Such a plugin is chosen only by name, never by auto.
+  std::string approximation;
   bool usable = false;
   std::string reason;  // why it was rejected (usable == false)
   const strata_plugin_vtable* vtable = nullptr;
@@ -42,8 +45,8 @@ class PluginRegistry {
   const std::vector<std::filesystem::path>& search_path() const { return search_path_; }
   // The usable plugin with this name, or nullptr.
   const PluginRecord* find(const std::string& name) const;
-  // Usable plugins, highest score first (ties: discovery order).
-  std::vector<const PluginRecord*> ranked() const;
+  // Usable plugins, highest score first (ties: discovery order); with exact_only, those in exact mode only.
+  std::vector<const PluginRecord*> ranked(bool exact_only = false) const;
 
   std::shared_ptr<Backend> create(const PluginRecord& plugin, int n_threads) const;
 
@@ -61,6 +64,8 @@ struct Backends {
   std::string dense_reason;  // "configured" or "auto: highest score"
   // Listed expert plugins that cannot run on this machine and were passed over, each with the reason.
   std::vector<std::string> skipped;
+  // One line per configured plugin that is not exact mode, naming what it approximates (said at load).
+  std::vector<std::string> approximations;
   // Picks the expert backend for a format; errors when none of the chosen ones supports it.
   const Backend& expert_backend_for(WeightFormat f) const;
 };

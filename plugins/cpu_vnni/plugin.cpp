@@ -1,0 +1,40 @@
+// cpu_vnni: int4 weights times int8 activations on AVX-512 VNNI (not exact mode: opt-in, never chosen by
+// auto); this file (vtable and score) has no ISA flags.
+#include "cpu_plugin.hpp"
+#include "kernels/q8.hpp"
+
+extern "C" {
+
+STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
+  static const strata_plugin_vtable vtable = [] {
+    strata_plugin_vtable v = strata_cpu::make_cpu_vtable<strata_cpu::VnniKernels>(
+        "cpu_vnni", STRATA_VERSION,
+        "AVX-512 VNNI: int4 weights x int8 activations (one scale per 64 columns); float weights exact");
+    v.approximation =
+        "int8 activations (one scale per 64 columns) for int4 weights; expert outputs ~1.2 % RMS from exact "
+        "mode";
+    return v;
+  }();
+  return &vtable;
+}
+
+// 90 where the CPU has AVX-512 F/BW/VL/DQ and VNNI (STRATA_CPU_VNNI_PROBE=off forces 0, for tests). The score
+// only ranks it in `strata plugins`: auto never picks a plugin that is not exact.
+STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
+  return strata_cpu::isa_score(
+      "AVX-512 VNNI", "STRATA_CPU_VNNI_PROBE",
+      [] {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_cpu_init();
+        const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vnni");
+        return ok ? nullptr : "this CPU lacks AVX-512 F/BW/VL/DQ with VNNI";
+#else
+        return "not an x86-64 CPU";
+#endif
+      },
+      90);
+}
+
+}  // extern "C"
