@@ -39,6 +39,23 @@ TEST_CASE("strata plugins lists the CPU plugins with scores and the choice") {
                           "/configs/cpu-only.yaml",
                       &out) == 0);
   CHECK(out.find("backends.experts: skipped plugin 'cpu_avx512' was rejected") != std::string::npos);
+  // cpu_vnni (int8 activations) is listed as not exact, never chosen by auto, and named with a warning when
+  // configs/cpu-int8.yaml picks it; where it cannot run, that config falls back to the exact plugins,
+  // silently.
+  const std::string int8 = " plugins --config " + std::string(STRATA_SOURCE_DIR) + "/configs/cpu-int8.yaml";
+  REQUIRE(run_command(bin() + " plugins", &out) == 0);
+  CHECK(out.find("warning") == std::string::npos);
+  if (build_registry().find("cpu_vnni") != nullptr) {  // (this CPU has AVX-512 VNNI)
+    CHECK(out.find("available (not exact mode: chosen only when a config names it)") != std::string::npos);
+    CHECK(out.find("not exact: int8 activations") != std::string::npos);
+    REQUIRE(run_command(bin() + int8, &out) == 0);
+    CHECK(out.find("warning: the experts' plugin cpu_vnni is not exact mode (opt-in): int8 activations") !=
+          std::string::npos);
+  }
+  REQUIRE(run_command("STRATA_CPU_VNNI_PROBE=off " + bin() + int8, &out) == 0);
+  CHECK(out.find("skipped plugin 'cpu_vnni' was rejected: score 0: AVX-512 VNNI probe forced off") !=
+        std::string::npos);
+  CHECK(out.find("warning") == std::string::npos);
 }
 
 TEST_CASE("strata generate prints transformers' greedy tokens; logits writes the oracle file") {

@@ -8,21 +8,35 @@
 
 namespace strata_cpu {
 
-// 128 columns of one activation row in int8, one scale per 64 columns: d = absmax / 127 and q = x · (127 /
-// absmax) rounded half to even (all zero when absmax is 0), so x ≈ q · d. Laid out against the weights'
-// packed bytes: byte k of 64 holds columns 2k (low nibble) and 2k + 1 (high nibble), so `even` pairs with the
-// low nibbles and `odd` with the high ones, and one 32-bit lane of a VNNI product (4 bytes) covers columns
-// 8l .. 8l + 7, which lie in one 64-column group: lanes 0-7 sum the first group, 8-15 the second.
+// 256 columns of one activation row in int8, one scale per 64-column group: d = absmax / 127 and q = x · (127
+// / absmax) rounded half to even (all zero when absmax is 0), so x ≈ q · d.
+//
+// The layout follows the weights. Their 128 packed bytes for these columns hold columns 2j (low nibble) and
+// 2j + 1 (high nibble) in byte j; loaded as two 64-byte halves A and B, whose 16-byte lanes 0-1 hold the
+// first group of the half and lanes 2-3 the second, one 128-bit lane shuffle each makes S1 = (A0, A2, B0, B2)
+// and S2 = (A1, A3, B1, B3): lane m of both now holds group m. The kernel multiplies four byte vectors, the
+// low and high nibbles of S1 and of S2, with q[0..3] below, and all four VNNI products go into one
+// accumulator whose 32-bit lane l sums group l / 4 only: the integer work per group is exact, and the float
+// work (scale, accumulate) runs once per 256 columns instead of once per 64.
 struct alignas(64) Q8Chunk {
-  int8_t even[64];   // q of column 2k at k
-  int8_t odd[64];    // q of column 2k + 1 at k
-  int32_t corr[16];  // lane l: -8 · (q summed over columns 8l .. 8l + 7): nibble t encodes t - 8
-  float d[16];       // lanes 0-7: the first group's scale, 8-15: the second's (0 past the row's end)
+  int8_t q[4][64];   // q[t][16 m + b]: the column that nibble meets in operand t (S1 lo, S1 hi, S2 lo, S2 hi)
+  int32_t corr[16];  // lane l: -8 · (q summed over the 16 bytes lane l multiplies): nibble t encodes t - 8
+  float d[16];       // lane l: the scale of group l / 4 (0 past the row's end)
 };
-constexpr int64_t kQ8Cols = 128;
+constexpr int64_t kQ8Cols = 256;
 
 inline int64_t q8_chunks(int64_t n) {
   return (n + kQ8Cols - 1) / kQ8Cols;
+}
+
+// The column of a chunk that byte i (0..63) of operand t meets: operand t = 2 · (S2 ? 1 : 0) + (high nibble ?
+// 1 : 0); byte i lies in lane m = i / 16 of S1 or S2, which came from half m / 2 (A or B), 16-byte lane 2 ·
+// (m % 2)
+// + (S2 ? 1 : 0) of it.
+constexpr int q8_column(int t, int i) {
+  const int m = i / 16, b = i % 16, s2 = t / 2, high = t % 2;
+  const int byte = 64 * (m / 2) + 16 * (2 * (m % 2) + s2) + b;
+  return 2 * byte + high;
 }
 
 // Quantizes n columns of x into q8_chunks(n) chunks (the padding quantizes as zeros).

@@ -14,22 +14,30 @@ namespace strata_cpu {
 void quantize_q8(const float* x, int64_t n, Q8Chunk* out) {
   const int64_t chunks = q8_chunks(n);
   std::memset(static_cast<void*>(out), 0, static_cast<size_t>(chunks) * sizeof(Q8Chunk));
+  // q and d of every column, natural order, for one chunk at a time.
+  int8_t qn[kQ8Cols];
+  float dn[4];
   for (int64_t c = 0; c < chunks; ++c) {
     Q8Chunk& ch = out[c];
-    for (int half = 0; half < 2; ++half) {
-      const int64_t c0 = c * kQ8Cols + half * 64, c1 = std::min(c0 + 64, n);
-      if (c0 >= n) break;
+    std::memset(qn, 0, sizeof qn);
+    for (int g = 0; g < 4; ++g) {
+      const int64_t c0 = c * kQ8Cols + 64 * g, c1 = std::min(c0 + 64, n);
+      dn[g] = 0.0f;
+      if (c0 >= n) continue;
       float amax = 0.0f;
       for (int64_t i = c0; i < c1; ++i) amax = std::max(amax, std::fabs(x[i]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int l = 0; l < 8; ++l) ch.d[half * 8 + l] = amax / 127.0f;
-      for (int64_t i = c0; i < c1; ++i) {
-        const int k = static_cast<int>(i - c * kQ8Cols);  // column within the chunk
-        const auto q = static_cast<int8_t>(std::nearbyint(x[i] * inv));
-        (k % 2 == 0 ? ch.even : ch.odd)[k / 2] = q;
-        ch.corr[k / 8] -= 8 * q;
+      dn[g] = amax / 127.0f;
+      for (int64_t i = c0; i < c1; ++i) qn[i - c * kQ8Cols] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
+    }
+    for (int t = 0; t < 4; ++t) {
+      for (int i = 0; i < 64; ++i) {
+        const int8_t q = qn[q8_column(t, i)];
+        ch.q[t][i] = q;
+        ch.corr[i / 4] -= 8 * q;
       }
     }
+    for (int l = 0; l < 16; ++l) ch.d[l] = dn[l / 4];
   }
 }
 
@@ -45,41 +53,67 @@ inline float hsum(__m512 v) {
   return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
 }
 
-// R weight rows × S activation rows per step: R · S f32 accumulators, 2R decoded nibble vectors.
+// R weight rows × S activation rows per step, R · S f32 accumulators; a row's four nibble vectors live for
+// its S products.
 template <bool Grouped, int R, int S>
 void kernel(const uint8_t* const* rows, const float* const* scales, int64_t n, const Q8Chunk* const* x,
             float* y, int64_t y_stride, int64_t row_bytes) {
   const int64_t chunks = q8_chunks(n), groups = (n + 63) / 64;
   const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i lane_group = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   __m512 acc[R][S];
-  __m512 ws[R];
   for (int r = 0; r < R; ++r) {
     for (int s = 0; s < S; ++s) acc[r][s] = _mm512_setzero_ps();
-    ws[r] = _mm512_set1_ps(scales[r][0]);  // Q4_ROW: one scale for the whole row
   }
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t left = row_bytes - 64 * c;
-    __m512i lo[R], hi[R];
+    const int64_t left = row_bytes - 128 * c;  // bytes of this chunk in the row (the last may be short)
+    const int g_left = static_cast<int>(std::min<int64_t>(4, groups - 4 * c));
+    // The R rows' nibbles and scales first, then each activation row's operands once for all R rows: loads,
+    // not arithmetic, limit this loop (a 512-bit load per cycle on Zen 4), so every operand is read once per
+    // step. The loops are unrolled so that acc, w and ws stay in registers.
+    __m512i w[R][4];
+    __m512 ws[R];
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      // The next step's rows follow these in memory: fetch them a line at a time, one step ahead (the rows
+      const uint8_t* p = rows[r] + 128 * c;
+      // The next step's rows follow these in memory: fetch them two lines a chunk, one step ahead (the rows
       // are short streams the hardware prefetcher barely ramps up on; see cpu_avx512).
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + R * row_bytes + 64 * c), _MM_HINT_T0);
-      const __m512i w = left >= 64 ? _mm512_loadu_si512(rows[r] + 64 * c)
-                                   : _mm512_maskz_loadu_epi8((__mmask64{1} << left) - 1, rows[r] + 64 * c);
-      lo[r] = _mm512_and_si512(w, low4);
-      hi[r] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+      _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes + 64), _MM_HINT_T0);
+      __m512i a, b;
+      if (left >= 128) {
+        a = _mm512_loadu_si512(p);
+        b = _mm512_loadu_si512(p + 64);
+      } else {
+        const int64_t la = std::min<int64_t>(left, 64), lb = left - la;
+        a = _mm512_maskz_loadu_epi8(la >= 64 ? ~__mmask64{0} : (__mmask64{1} << la) - 1, p);
+        b = _mm512_maskz_loadu_epi8(lb <= 0 ? 0 : (__mmask64{1} << lb) - 1, p + 64);
+      }
+      const __m512i s1 = _mm512_shuffle_i64x2(a, b, 0x88), s2 = _mm512_shuffle_i64x2(a, b, 0xdd);
+      w[r][0] = _mm512_and_si512(s1, low4);
+      w[r][1] = _mm512_and_si512(_mm512_srli_epi16(s1, 4), low4);
+      w[r][2] = _mm512_and_si512(s2, low4);
+      w[r][3] = _mm512_and_si512(_mm512_srli_epi16(s2, 4), low4);
       if constexpr (Grouped) {
-        const float s0 = scales[r][2 * c], s1 = 2 * c + 1 < groups ? scales[r][2 * c + 1] : s0;
-        ws[r] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s0), 0xff00, _mm_set_ss(s1));
+        const __m128 four = _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << g_left) - 1), scales[r] + 4 * c);
+        ws[r] = _mm512_permutexvar_ps(lane_group, _mm512_zextps128_ps512(four));
+      } else {
+        ws[r] = _mm512_set1_ps(scales[r][0]);  // Q4_ROW: one scale for the whole row
       }
     }
+#pragma GCC unroll 4
     for (int s = 0; s < S; ++s) {
       const Q8Chunk& q = x[s][c];
-      const __m512i xe = _mm512_load_si512(q.even), xo = _mm512_load_si512(q.odd);
       const __m512i corr = _mm512_load_si512(q.corr);
+      const __m512i q0 = _mm512_load_si512(q.q[0]), q1 = _mm512_load_si512(q.q[1]);
+      const __m512i q2 = _mm512_load_si512(q.q[2]), q3 = _mm512_load_si512(q.q[3]);
       const __m512 d = _mm512_load_ps(q.d);
+#pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo[r], xe), hi[r], xo);
+        __m512i dot = _mm512_dpbusd_epi32(corr, w[r][0], q0);
+        dot = _mm512_dpbusd_epi32(dot, w[r][1], q1);
+        dot = _mm512_dpbusd_epi32(dot, w[r][2], q2);
+        dot = _mm512_dpbusd_epi32(dot, w[r][3], q3);
         acc[r][s] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws[r], d), acc[r][s]);
       }
     }
@@ -109,17 +143,20 @@ void dot_t(const strata_matrix& w, int64_t o0, int64_t o1, const Q8Chunk* const*
            int64_t y_stride) {
   const int64_t n = w.cols, row_bytes = (n + 1) / 2, scales_per_row = Grouped ? (n + 63) / 64 : 1;
   const auto* base = static_cast<const uint8_t*>(w.data);
-  constexpr int kRows = 4, kXs = 4;
-  for (int64_t o = o0; o < o1; o += kRows) {
-    const int rr = static_cast<int>(std::min<int64_t>(kRows, o1 - o));
+  // 32 registers: 4 weight rows × up to 2 activation rows for decode-sized batches, 2 × 4 beyond (each with
+  // 4R nibble vectors, R scale vectors and 6 activation operands live).
+  constexpr int kRows = 4;
+  const int rows_per_step = n_x <= 2 ? 4 : 2, xs_per_step = n_x <= 2 ? 2 : 4;
+  for (int64_t o = o0; o < o1; o += rows_per_step) {
+    const int rr = static_cast<int>(std::min<int64_t>(rows_per_step, o1 - o));
     const uint8_t* rows[kRows];
     const float* sc[kRows];
     for (int r = 0; r < rr; ++r) {
       rows[r] = base + (o + r) * row_bytes;
       sc[r] = w.scales + (o + r) * scales_per_row;
     }
-    for (int64_t s0 = 0; s0 < n_x; s0 += kXs) {
-      const int ss = static_cast<int>(std::min<int64_t>(kXs, n_x - s0));
+    for (int64_t s0 = 0; s0 < n_x; s0 += xs_per_step) {
+      const int ss = static_cast<int>(std::min<int64_t>(xs_per_step, n_x - s0));
       float* ys = y + s0 * y_stride + (o - o0);
       switch (rr) {
         case 4:
