@@ -163,7 +163,8 @@ TEST_CASE("backend choice from the config") {
   // A plugin that failed to load (here: another ABI) is a broken install, not a machine that lacks something:
   // an error even with another plugin after it.
   cfg.backends.experts = {"bad_abi", "cpu_generic"};
-  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg), doctest::Contains("plugin 'bad_abi' was rejected: "), Error);
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg), doctest::Contains("plugin 'bad_abi' was rejected: "),
+                       Error);
   cfg.backends.experts = {"cpu_generic", "score_zero"};  // (skipped even after a usable one)
   CHECK(choose_backends(mixed, cfg).skipped.size() == 1);
   cfg.backends.experts = {"cpu_generic"};
@@ -196,6 +197,13 @@ TEST_CASE(
   CHECK(!old->usable);
   CHECK(old->reason.find("smaller than the " + std::to_string(STRATA_PLUGIN_VTABLE_MIN_SIZE)) !=
         std::string::npos);
+  // Built before the appended `approximation`: loads, and counts as exact mode (the garbage past its end is
+  // not read), so auto may choose it.
+  const PluginRecord* pre = record(reg, "pre_approximation");
+  REQUIRE(pre != nullptr);
+  CHECK(pre->usable);
+  CHECK(pre->approximation.empty());
+  CHECK(reg.ranked(/*exact_only=*/true).size() == 1);
   // The CPU plugins carry the whole vtable with the device slots empty.
   const PluginRecord* g = record(build_registry(), "cpu_generic");
   REQUIRE(g != nullptr);
