@@ -15,16 +15,7 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
 STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
   return strata_cpu::isa_score(
       "AVX-512", "STRATA_CPU_AVX512_PROBE",
-      [] {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_cpu_init();
-        const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-        return ok ? nullptr : "this CPU lacks AVX-512 F/BW/VL/DQ";
-#else
-        return "not an x86-64 CPU";
-#endif
-      },
+      [] { return strata_cpu::cpu_has_avx512_fbwvldq() ? nullptr : "this CPU lacks AVX-512 F/BW/VL/DQ"; },
       100);
 }
 

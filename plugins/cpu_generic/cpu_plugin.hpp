@@ -46,6 +46,18 @@ uint32_t isa_score(const char* isa, const char* probe_env, Missing&& missing, ui
   return 0;
 }
 
+// True when this CPU runs AVX-512 F/BW/VL/DQ code (cpu_avx512's kernels, and cpu_vnni's with VNNI besides).
+// For the probes: compiled without ISA flags.
+inline bool cpu_has_avx512_fbwvldq() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
 inline strata_status fail(strata_status status, std::string message) {
   last_error_text() = std::move(message);
   return status;

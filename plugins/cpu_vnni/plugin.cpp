@@ -24,15 +24,8 @@ STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
   return strata_cpu::isa_score(
       "AVX-512 VNNI", "STRATA_CPU_VNNI_PROBE",
       [] {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_cpu_init();
-        const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                        __builtin_cpu_supports("avx512vnni");
+        const bool ok = strata_cpu::cpu_has_avx512_fbwvldq() && __builtin_cpu_supports("avx512vnni");
         return ok ? nullptr : "this CPU lacks AVX-512 F/BW/VL/DQ with VNNI";
-#else
-        return "not an x86-64 CPU";
-#endif
       },
       90);
 }

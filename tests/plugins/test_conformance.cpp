@@ -122,44 +122,19 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);
-      const int64_t n_x = 70;
-      const auto x = random_vec(rng, static_cast<size_t>(n_x * hidden));
-      std::vector<HostMatrix> store;
-      std::vector<ExpertMatrices> experts;
       const int row_counts[] = {0, 1, 4, 64, 3};
-      for (int e = 0; e < 5; ++e) {
-        store.push_back(random_matrix(rng, f, ffn, hidden));
-        store.push_back(random_matrix(rng, f, ffn, hidden));
-        store.push_back(random_matrix(rng, f, hidden, ffn));
-      }
-      for (int e = 0; e < 5; ++e)
-        experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
-      std::vector<std::vector<int32_t>> rows(5);
-      std::uniform_int_distribution<int32_t> pick(0, n_x - 1);
-      for (int e = 0; e < 5; ++e) {
-        for (int r = 0; r < row_counts[e]; ++r) rows[e].push_back(pick(rng));
-      }
-      auto run = [&](const Backend& b) {
-        std::vector<std::vector<float>> out(5);
-        std::vector<ExpertTask> tasks;
-        for (int e = 0; e < 5; ++e) {
-          out[e].assign(rows[e].size() * static_cast<size_t>(hidden), NAN);
-          tasks.push_back({&experts[e], rows[e], out[e].data()});
-        }
-        b.expert_group(x.data(), n_x, hidden, tasks);
-        return out;
-      };
-      const auto want = run(*ref.dense);
+      const RandomExpertGroup g = random_expert_group(rng, f, hidden, ffn, 70, row_counts);
+      const auto want = g.run(*ref.dense);
       // Spot-check the reference against double precision on the 1-row expert.
       {
-        const float* xr = x.data() + rows[1][0] * hidden;
+        const float* xr = g.x.data() + g.rows[1][0] * hidden;
         std::vector<float> h(static_cast<size_t>(ffn));
         for (int64_t j = 0; j < ffn; ++j) {
-          const double g = ref_dot(store[3], j, xr), u = ref_dot(store[4], j, xr);
-          h[j] = static_cast<float>(g / (1 + std::exp(-g)) * u);
+          const double gate = ref_dot(g.store[3], j, xr), u = ref_dot(g.store[4], j, xr);
+          h[j] = static_cast<float>(gate / (1 + std::exp(-gate)) * u);
         }
         for (int64_t o = 0; o < hidden; ++o) {
-          const double r = ref_dot(store[5], o, h.data());
+          const double r = ref_dot(g.store[5], o, h.data());
           CHECK(std::fabs(want[1][o] - r) <= 1e-4 * (1 + std::fabs(r)));
         }
       }
@@ -168,7 +143,7 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
           CAPTURE(name);
           CAPTURE(threads);
           auto b = backends_named(name, threads);
-          CHECK(run(*b.experts.front()) == want);
+          CHECK(g.run(*b.experts.front()) == want);
         }
       }
     }

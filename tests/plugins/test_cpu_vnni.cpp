@@ -154,35 +154,10 @@ TEST_CASE("cpu_vnni expert_group: close to exact mode, batch- and thread-indepen
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);
-      const int64_t n_x = 70;
-      const auto x = random_vec(rng, static_cast<size_t>(n_x * hidden));
-      std::vector<HostMatrix> store;
-      std::vector<ExpertMatrices> experts;
       const int row_counts[] = {0, 1, 4, 64, 3};
-      for (int e = 0; e < 5; ++e) {
-        store.push_back(random_matrix(rng, f, ffn, hidden));
-        store.push_back(random_matrix(rng, f, ffn, hidden));
-        store.push_back(random_matrix(rng, f, hidden, ffn));
-      }
-      for (int e = 0; e < 5; ++e)
-        experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
-      std::vector<std::vector<int32_t>> rows(5);
-      std::uniform_int_distribution<int32_t> pick(0, n_x - 1);
-      for (int e = 0; e < 5; ++e) {
-        for (int r = 0; r < row_counts[e]; ++r) rows[e].push_back(pick(rng));
-      }
-      auto run = [&](const Backend& b, const std::vector<std::vector<int32_t>>& rs) {
-        std::vector<std::vector<float>> out(5);
-        std::vector<ExpertTask> tasks;
-        for (int e = 0; e < 5; ++e) {
-          out[e].assign(rs[e].size() * static_cast<size_t>(hidden), NAN);
-          tasks.push_back({&experts[e], rs[e], out[e].data()});
-        }
-        b.expert_group(x.data(), n_x, hidden, tasks);
-        return out;
-      };
-      const auto want = run(*ref.dense, rows);
-      const auto got = run(*vnni_experts().experts.front(), rows);
+      const RandomExpertGroup g = random_expert_group(rng, f, hidden, ffn, 70, row_counts);
+      const auto want = g.run(*ref.dense);
+      const auto got = g.run(*vnni_experts().experts.front());
       if (f == WeightFormat::BF16) {
         CHECK(got == want);
         continue;
@@ -199,13 +174,13 @@ TEST_CASE("cpu_vnni expert_group: close to exact mode, batch- and thread-indepen
                                     << rel);
       CHECK(rel > 0);
       CHECK(rel < 2e-2);  // measured 1.1-1.3 %: x and h each rounded to 8 bits per 64 columns
-      CHECK(run(*vnni_experts(1).experts.front(), rows) == got);
+      CHECK(g.run(*vnni_experts(1).experts.front()) == got);
       // Each routed row alone (decode) gives the bits it gets in the batch (prefill).
       for (int e = 0; e < 5; ++e) {
-        for (size_t r = 0; r < rows[e].size(); ++r) {
+        for (size_t r = 0; r < g.rows[e].size(); ++r) {
           std::vector<std::vector<int32_t>> single(5);
-          single[e] = {rows[e][r]};
-          const auto alone = run(*vnni_experts().experts.front(), single);
+          single[e] = {g.rows[e][r]};
+          const auto alone = g.run(*vnni_experts().experts.front(), single);
           CHECK(std::memcmp(alone[e].data(), got[e].data() + r * hidden, hidden * 4) == 0);
         }
       }

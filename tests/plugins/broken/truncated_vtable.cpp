@@ -1,5 +1,8 @@
-// A plugin built against the header before the appended `approximation` field: its vtable ends at
-// host_unregister (the bytes after it are garbage here), so the registry must read it as exact mode.
+// A plugin built against an older ABI 1 header: its vtable ends where the field STRATA_TEST_VTABLE_END of
+// today's header begins (the bytes after it are garbage here). Built twice (tests/CMakeLists.txt):
+//   old_vtable: ends at upload_matrix, the header before the device slots (and strata_matrix.resident); its
+//     strata_matrix layout differs, so the registry must refuse it;
+//   pre_approximation: ends at the appended `approximation`; the registry must load it and read it as exact.
 #include <cstddef>
 #include <cstring>
 
@@ -29,10 +32,10 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
   static Storage s = [] {
     Storage t;
     std::memset(t.bytes, 0xAB, sizeof t.bytes);
-    std::memset(t.bytes, 0, offsetof(strata_plugin_vtable, approximation));
+    std::memset(t.bytes, 0, offsetof(strata_plugin_vtable, STRATA_TEST_VTABLE_END));
     t.v.abi_version = STRATA_PLUGIN_ABI_VERSION;
-    t.v.struct_size = offsetof(strata_plugin_vtable, approximation);
-    t.v.name = "pre_approximation";
+    t.v.struct_size = offsetof(strata_plugin_vtable, STRATA_TEST_VTABLE_END);
+    t.v.name = STRATA_TEST_PLUGIN_NAME;
     t.v.version = "0";
     t.v.last_error = &last_error;
     t.v.create = &create;
