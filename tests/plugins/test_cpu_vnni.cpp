@@ -3,6 +3,7 @@
 // chosen by auto, and the fixtures' logits and greedy tokens end to end.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "strata/quant.hpp"
 #include "test_matrices.hpp"
@@ -142,6 +143,39 @@ TEST_CASE("cpu_vnni matmul: int4 within the int8 rounding bound, float formats b
     }
   }
   CHECK(inexact > 10);  // the int8 path really ran (exact mode would match cpu_generic bit for bit)
+}
+
+TEST_CASE(
+    "cpu_vnni matmul: extreme activations (Inf, NaN, subnormal, near FLT_MAX) give what exact mode gives") {
+  if (!vnni_here()) return;
+  std::mt19937 rng(9);
+  const HostMatrix w = random_matrix(rng, WeightFormat::Q4_G64, 8, 200);
+  auto b = backends_named("cpu_vnni");
+  auto run = [&](std::vector<float> x) {
+    std::vector<float> y(8, 0.0f);
+    b.dense->matmul(w.view(), x.data(), 1, y.data());
+    return y;
+  };
+  std::vector<float> x(200, 0.5f);
+  x[70] = std::numeric_limits<float>::quiet_NaN();  // group 1 only
+  for (float v : run(x)) CHECK(std::isnan(v));
+  x[70] = std::numeric_limits<float>::infinity();
+  for (float v : run(x)) CHECK(!std::isfinite(v));
+  // Tiny and huge groups stay finite and within the bound (127 / absmax and x · 127 overflow float there).
+  for (float scale : {1e-42f, 1e-38f, 3e38f}) {
+    CAPTURE(scale);
+    std::vector<float> xs(200);
+    for (int i = 0; i < 200; ++i) xs[static_cast<size_t>(i)] = scale * static_cast<float>((i % 7) - 3) / 3.0f;
+    const auto y = run(xs);
+    const auto wd = dequantize(w);
+    for (int64_t o = 0; o < 8; ++o) {
+      double want = 0;
+      for (int64_t i = 0; i < 200; ++i)
+        want += static_cast<double>(wd[static_cast<size_t>(o * 200 + i)]) * xs[i];
+      CHECK(std::isfinite(y[o]) == std::isfinite(want));
+      if (std::isfinite(want)) CHECK(std::fabs(y[o] - want) <= error_bound(wd, 200, o, xs.data()) + 1e-44);
+    }
+  }
 }
 
 TEST_CASE("cpu_vnni expert_group: close to exact mode, batch- and thread-independent, float experts exact") {

@@ -8,8 +8,9 @@
 
 namespace strata_cpu {
 
-// 256 columns of one activation row in int8, one scale per 64-column group: d = absmax / 127 and q = x · (127
-// / absmax) rounded half to even (all zero when absmax is 0), so x ≈ q · d.
+// 256 columns of one activation row in int8, one scale per 64-column group: d = absmax / 127 and
+// q = x · (127 / absmax) (in double) rounded half to even, so x ≈ q · d; all q zero when absmax is 0, and d
+// NaN when the group holds an Inf or NaN (its outputs are NaN then, as in exact mode).
 //
 // The layout follows the weights. Their 128 packed bytes for these columns hold columns 2j (low nibble) and
 // 2j + 1 (high nibble) in byte j; loaded as two 64-byte halves A and B, whose 16-byte lanes 0-1 hold the

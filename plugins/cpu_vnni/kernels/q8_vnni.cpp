@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "q8.hpp"
 
@@ -25,10 +26,21 @@ void quantize_q8(const float* x, int64_t n, Q8Chunk* out) {
       dn[g] = 0.0f;
       if (c0 >= n) continue;
       float amax = 0.0f;
-      for (int64_t i = c0; i < c1; ++i) amax = std::max(amax, std::fabs(x[i]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      bool finite = true;
+      for (int64_t i = c0; i < c1; ++i) {
+        finite = finite && std::isfinite(x[i]);
+        amax = std::max(amax, std::fabs(x[i]));
+      }
+      if (!finite) {  // an Inf or NaN: the group's q stay 0 and its scale is NaN, so every output it feeds is
+        dn[g] = std::numeric_limits<float>::quiet_NaN();  // NaN, as exact mode's would be (no UB cast)
+        continue;
+      }
       dn[g] = amax / 127.0f;
-      for (int64_t i = c0; i < c1; ++i) qn[i - c * kQ8Cols] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
+      if (amax == 0.0f) continue;
+      // In double: 127 / amax overflows float for subnormal amax, and x · 127 for x near FLT_MAX.
+      const double inv = 127.0 / amax;
+      for (int64_t i = c0; i < c1; ++i)
+        qn[i - c * kQ8Cols] = static_cast<int8_t>(std::nearbyint(static_cast<double>(x[i]) * inv));
     }
     for (int t = 0; t < 4; ++t) {
       for (int i = 0; i < 64; ++i) {
