@@ -50,7 +50,8 @@ void quantize_q8(const float* x, int64_t n, Q8Chunk* out);
 void dot_q4_q8(const strata_matrix& w, int64_t o0, int64_t o1, const Q8Chunk* const* x, int64_t n_x, float* y,
                int64_t y_stride);
 
-// The backend's ops: int4 weights through the int8 kernels, float weights through the exact AVX-512 ones.
+// The backend's ops (drivers_approx.cpp): int4 weights through the int8 kernels, BF16 weights through the
+// bf16 kernel where the CPU has AVX512_BF16, the rest through the exact AVX-512 kernels.
 struct VnniKernels {
   static void matmul(const strata_matrix& w, const float* x, int64_t n_x_rows, float* y);
   static void expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
