@@ -2,7 +2,6 @@
 // external checks rely on: --input is a JSON list of strings, stdout a JSON list of id lists; --decode goes
 // back).
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -20,9 +19,7 @@ int cmd_tokenize(const TokenizeOptions& o) {
   if (o.input == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), {});
   } else {
-    std::ifstream in(o.input, std::ios::binary);
-    if (!in) fail("tokenizer", "--input: cannot open '{}' (expected a JSON file)", o.input);
-    text.assign(std::istreambuf_iterator<char>(in), {});
+    text = read_text_file(o.input, "tokenizer", " (--input: expected a JSON file)");
   }
   json input;
   try {

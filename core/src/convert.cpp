@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -93,12 +92,6 @@ std::string hex64(uint64_t v) {
 
 std::string shape_str(const std::vector<int64_t>& s) {
   return fmt::format("[{}]", fmt::join(s, ", "));
-}
-
-std::string read_file_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(kComp, "{}: cannot read: {}", p.string(), std::strerror(errno));
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 void write_text_atomic(const fs::path& p, const std::string& s) {
@@ -710,7 +703,7 @@ json input_identity(const Plan& plan, const fs::path& in) {
   }
   return {{"dir", in.string()},
           {"files", files},
-          {"config_fnv1a64", hex64(fnv1a(read_file_text(in / "config.json")))}};
+          {"config_fnv1a64", hex64(fnv1a(read_text_file(in / "config.json", kComp)))}};
 }
 
 json args_of(const ConvertOptions& o) {
@@ -831,7 +824,7 @@ ConvertResult run(const ConvertOptions& o) {
   if (existed && fs::exists(jpath)) {
     json was;
     try {
-      was = parse_json_text(read_file_text(jpath), kComp, jpath.string());
+      was = parse_json_text(read_text_file(jpath, kComp), kComp, jpath.string());
     } catch (const json::exception& e) {
       fail(kComp,
            "{}: the journal of the interrupted conversion is not valid JSON ({}); remove {} to start over",
@@ -1010,13 +1003,7 @@ ConvertResult run(const ConvertOptions& o) {
   }
   const std::string experts_name = o.experts == WeightFormat::Q4_G64 ? "q4_g64" : "q4_row";
   {
-    ordered_json cfg;
-    try {
-      cfg = parse_json_text<ordered_json>(read_file_text(p.in / "config.json"), kComp,
-                                          (p.in / "config.json").string());
-    } catch (const json::exception& e) {
-      fail(kComp, "{}: not valid JSON: {}", (p.in / "config.json").string(), e.what());
-    }
+    ordered_json cfg = parse_json_file<ordered_json>(p.in / "config.json", kComp);
     cfg["strata_container"] = {{"version", kContainerVersion},
                                {"experts", experts_name},
                                {"dense", std::string(dense_format_name(o.dense))}};

@@ -1,7 +1,11 @@
-// The nesting scan of JSON text (strata/json_text.hpp).
+// The nesting scan of JSON text, and reading a whole text file (strata/json_text.hpp).
 #include "strata/json_text.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 
 namespace strata {
 
@@ -24,6 +28,16 @@ int json_nesting(std::string_view text) {
     }
   }
   return deepest;
+}
+
+std::string read_text_file(const std::filesystem::path& path, std::string_view component,
+                           std::string_view hint) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(component, "cannot open '{}': {}{}", path.string(), std::strerror(errno), hint);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(component, "cannot read '{}': {}{}", path.string(), std::strerror(errno), hint);
+  return text;
 }
 
 }  // namespace strata

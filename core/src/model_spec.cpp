@@ -2,8 +2,6 @@
 #include "strata/model_spec.hpp"
 
 #include <cmath>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "strata/error.hpp"
@@ -136,14 +134,7 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
   const fs::path file = model_dir / "config.json";
   if (!fs::exists(file))
     fail(kComp, "{}: missing — a model folder needs a Hugging Face config.json", file.string());
-  json j;
-  try {
-    std::ifstream in(file, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    j = parse_json_text(text, kComp, file.string());
-  } catch (const json::exception& e) {
-    fail(kComp, "{}: not valid JSON: {}", file.string(), e.what());
-  }
+  json j = parse_json_file(file, kComp);
   if (!j.is_object()) fail(kComp, "{}: expected a JSON object", file.string());
   // Multimodal wrappers keep the language model in text_config.
   if (j.contains("text_config") && j["text_config"].is_object() && !j.contains("hidden_size")) {

@@ -4,11 +4,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "strata/error.hpp"
+#include "strata/json_text.hpp"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -152,7 +151,8 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
     check_keys(c, s, "scheduler", {"threads", "overlap", "prefetch"});
     if (auto t = s["threads"]) {
       const double v = as_number(c, t, "scheduler.threads");
-      if (v < 0 || v > 65536 || v != std::floor(v)) {  // range first: the cast of a larger double is undefined
+      if (v < 0 || v > 65536 ||
+          v != std::floor(v)) {  // range first: the cast of a larger double is undefined
         fail(kComp, "{}: 'scheduler.threads' must be a non-negative integer (0 = all cores) up to 65536",
              c.where(t));
       }
@@ -165,11 +165,7 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
 }
 
 RuntimeConfig load_runtime_config(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in) fail(kComp, "{}: cannot open the YAML config", file.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_runtime_config(ss.str(), file);
+  return parse_runtime_config(read_text_file(file, kComp, " (expected the YAML runtime config)"), file);
 }
 
 }  // namespace strata

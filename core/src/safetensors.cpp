@@ -9,8 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -162,14 +160,7 @@ SafetensorsSet::SafetensorsSet(const fs::path& dir) : dir_(dir) {
   if (!fs::is_directory(dir)) fail(kComp, "{}: not a directory", dir.string());
   const fs::path index_path = dir / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
-    json idx;
-    try {
-      std::ifstream in(index_path, std::ios::binary);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      idx = parse_json_text(text, kComp, index_path.string());
-    } catch (const json::exception& e) {
-      fail(kComp, "{}: not valid JSON: {}", index_path.string(), e.what());
-    }
+    const json idx = parse_json_file(index_path, kComp);
     if (!idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object()) {
       fail(kComp, "{}: expected an object with a 'weight_map' object", index_path.string());
     }

@@ -1,7 +1,10 @@
-// JSON text from files and clients: a nesting check before parsing, and the parse that applies it.
+// JSON text from files and clients: a nesting check before parsing, the parse that applies it, and the one
+// way strata reads a whole text file (with the error a user sees when it cannot).
 #pragma once
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <string_view>
 
 #include "strata/error.hpp"
@@ -24,6 +27,22 @@ J parse_json_text(std::string_view text, std::string_view component, std::string
   if (json_nesting(text) > kMaxJsonNesting)
     fail(component, "{}: arrays and objects nest deeper than {} levels", what, kMaxJsonNesting);
   return J::parse(text);
+}
+
+// The whole file; one that cannot be opened or read is a strata::Error of `component`: "cannot open 'PATH':
+// REASON" followed by `hint` (e.g. " (expected a Hugging Face tokenizer.json)").
+std::string read_text_file(const std::filesystem::path& path, std::string_view component,
+                           std::string_view hint = "");
+
+// parse_json_text of a file's text: errors name the file, invalid JSON as "'PATH' is not valid JSON: ...".
+template <class J = nlohmann::json>
+J parse_json_file(const std::filesystem::path& path, std::string_view component, std::string_view hint = "") {
+  const std::string text = read_text_file(path, component, hint);
+  try {
+    return parse_json_text<J>(text, component, path.string());
+  } catch (const typename J::exception& e) {
+    fail(component, "'{}' is not valid JSON: {}", path.string(), e.what());
+  }
 }
 
 }  // namespace strata

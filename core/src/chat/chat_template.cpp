@@ -2,9 +2,6 @@
 // transformers' apply_chat_template does (messages, tools, documents, add_generation_prompt, special tokens).
 #include "strata/chat_template.hpp"
 
-#include <fstream>
-#include <sstream>
-
 #include "ast.hpp"
 #include "interpreter.hpp"
 #include "strata/error.hpp"
@@ -45,14 +42,6 @@ const std::string& ChatTemplate::eos_token() const {
 }
 
 namespace {
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("chat_template", "cannot open {}", p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A special token as tokenizer_config.json writes it: a string, {"content": "..."} (AddedToken), or null.
 std::optional<std::string> special_token(const nlohmann::ordered_json& cfg, const char* key,
@@ -102,13 +91,7 @@ std::string render_impl(const chat::Body& body, const std::optional<std::string>
 }  // namespace
 
 ChatTemplate ChatTemplate::from_tokenizer_config(const std::filesystem::path& tokenizer_config_json) {
-  const std::string text = read_file(tokenizer_config_json);
-  nlohmann::ordered_json cfg;
-  try {
-    cfg = parse_json_text<nlohmann::ordered_json>(text, "chat_template", tokenizer_config_json.string());
-  } catch (const nlohmann::json::exception& e) {
-    fail("chat_template", "{}: not valid JSON ({})", tokenizer_config_json.string(), e.what());
-  }
+  const auto cfg = parse_json_file<nlohmann::ordered_json>(tokenizer_config_json, "chat_template");
   if (!cfg.is_object()) fail("chat_template", "{}: expected a JSON object", tokenizer_config_json.string());
   std::string source;
   auto it = cfg.find("chat_template");
@@ -117,7 +100,7 @@ ChatTemplate ChatTemplate::from_tokenizer_config(const std::filesystem::path& to
     if (!std::filesystem::exists(jinja))
       fail("chat_template", "{} has no \"chat_template\" and there is no chat_template.jinja beside it",
            tokenizer_config_json.string());
-    source = read_file(jinja);
+    source = read_text_file(jinja, "chat_template");
   } else if (it->is_string()) {
     source = it->get<std::string>();
   } else if (it->is_array()) {

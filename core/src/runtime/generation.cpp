@@ -3,8 +3,6 @@
 #include "strata/generation.hpp"
 
 #include <algorithm>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "strata/error.hpp"
@@ -15,16 +13,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-json read_json(const fs::path& p) {
-  try {
-    std::ifstream in(p, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    return parse_json_text(text, "model", p.string());
-  } catch (const json::exception& e) {
-    fail("model", "{}: not valid JSON: {}", p.string(), e.what());
-  }
-}
-
 void add_ids(const json& v, std::vector<int32_t>& out) {
   if (v.is_number_integer()) out.push_back(v.get<int32_t>());
   if (v.is_array()) {
@@ -43,17 +31,16 @@ ModelAssets ModelAssets::load(const fs::path& dir, const ModelSpec& spec) {
   // chat_template.jinja beside it); a folder with only chat_template.jinja still gets its template.
   const bool has_jinja = fs::exists(dir / "chat_template.jinja");
   if (fs::exists(dir / "tokenizer_config.json")) {
-    const json tc = read_json(dir / "tokenizer_config.json");
+    const json tc = parse_json_file(dir / "tokenizer_config.json", "model");
     if ((tc.contains("chat_template") && !tc["chat_template"].is_null()) || has_jinja) {
       a.chat_template =
           std::make_shared<ChatTemplate>(ChatTemplate::from_tokenizer_config(dir / "tokenizer_config.json"));
     }
   } else if (has_jinja) {
-    std::ifstream in(dir / "chat_template.jinja");
-    a.chat_template = std::make_shared<ChatTemplate>(std::string(std::istreambuf_iterator<char>(in), {}));
+    a.chat_template = std::make_shared<ChatTemplate>(read_text_file(dir / "chat_template.jinja", "model"));
   }
   if (fs::exists(dir / "generation_config.json")) {
-    const json g = read_json(dir / "generation_config.json");
+    const json g = parse_json_file(dir / "generation_config.json", "model");
     if (g.contains("eos_token_id")) add_ids(g["eos_token_id"], a.eos_ids);
     if (g.contains("temperature") && g["temperature"].is_number())
       a.defaults.temperature = g["temperature"].get<float>();

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -401,18 +399,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_file(const std::filesystem::pat
     fail("tokenizer", "'{}' is a folder (expected the path of a tokenizer.json file)",
          tokenizer_json.string());
   }
-  std::ifstream in(tokenizer_json, std::ios::binary);
-  if (!in) {
-    fail("tokenizer", "cannot open '{}': {} (expected a Hugging Face tokenizer.json)",
-         tokenizer_json.string(), std::strerror(errno));
-  }
-  json root;
-  try {
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    root = parse_json_text(text, "tokenizer", tokenizer_json.string());
-  } catch (const json::exception& e) {
-    fail("tokenizer", "'{}' is not valid JSON: {}", tokenizer_json.string(), e.what());
-  }
+  const json root = parse_json_file(tokenizer_json, "tokenizer", " (expected a Hugging Face tokenizer.json)");
   try {
     return std::make_shared<BpeTokenizer>(root);
   } catch (const Error& e) {
