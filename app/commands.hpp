@@ -23,7 +23,7 @@ struct CommonOptions {
 
 struct ModelOptions {
   CommonOptions common;
-  std::string model;  // "" = the bundled model (run, chat, serve)
+  std::string model;           // "" = the bundled model (run, chat, serve)
   std::string ids;             // "3,17,42"
   std::string quant = "none";  // routed experts quantized at load: q4_g64 | q4_row | none
 };
@@ -37,7 +37,8 @@ struct Loaded {
 };
 RuntimeConfig config_of(const CommonOptions& o);
 inline constexpr const char* kBundledModel = "strata-nano";
-std::string default_model_dir();  // STRATA_MODEL, else the bundled model beside the executable; throws if absent
+std::string
+default_model_dir();  // STRATA_MODEL, else the bundled model beside the executable; throws if absent
 // Per-turn expert-tier counters as JSON (hits per tier, bytes read, time per phase).
 nlohmann::json telemetry_json(const StoreTelemetry& t);
 // Loads o.model, or the bundled model when o.model is empty. The experts get tiers (StoreOptions from the
@@ -68,6 +69,14 @@ struct ServeOptions {
   int64_t max_body_kb = 4096;
 };
 int cmd_serve(const ModelOptions& o, const GenOptions& g, const ServeOptions& s);
+
+// strata bench (app/bench_command.cpp).
+struct BenchOptions {
+  int prefill = 64, decode = 32, reps = 3, warmup = 1;
+  uint64_t seed = 1;
+  bool json = false;  // one JSON object on stdout instead of text
+};
+int cmd_bench(const ModelOptions& o, const BenchOptions& b);
 
 int cmd_plugins(const CommonOptions& o);
 int cmd_logits(const ModelOptions& o, int64_t prefill, const std::string& out);

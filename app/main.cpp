@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
   };
 
   ModelOptions mo;
-  // need_model: logits, generate and inspect take token ids or report on a checkpoint, so they need one named;
-  // run, chat and serve fall back to the bundled model.
+  // need_model: logits, generate and inspect take token ids or report on a checkpoint, so they need one
+  // named; run, chat and serve fall back to the bundled model.
   auto add_model = [&](CLI::App* sc, bool need_ids, bool need_model = true) {
     add_common(sc);
     auto* m = sc->add_option("--model", mo.model,
@@ -113,6 +113,25 @@ int main(int argc, char** argv) {
   serve->add_option("--max-body-kb", so.max_body_kb, "largest request body in KiB (default 4096)")
       ->check(CLI::PositiveNumber);
 
+  BenchOptions bo;
+  auto* bench = app.add_subcommand(
+      "bench", "measure prefill and decode speed of a model under a config (random prompt, greedy decode)");
+  add_model(bench, false, false);
+  bench->add_option("--prefill", bo.prefill, "prompt tokens, fed as one batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--decode", bo.decode, "greedy decode steps after the prompt")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--reps", bo.reps, "measured repetitions (medians)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bo.warmup, "repetitions run first, left out of the medians")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--seed", bo.seed, "seed of the random prompt")->capture_default_str();
+  bench->add_flag("--json", bo.json, "print one JSON object instead of text");
+
   TokenizeOptions to;
   auto* tokenize =
       app.add_subcommand("tokenize", "encode a JSON list of strings to token ids (or decode id lists)");
@@ -132,6 +151,7 @@ int main(int argc, char** argv) {
     if (*logits) return cmd_logits(mo, prefill, out);
     if (*generate) return cmd_generate(mo, max_new, print_ids);
     if (*inspect) return cmd_inspect(mo);
+    if (*bench) return cmd_bench(mo, bo);
     if (*convert) return cmd_convert(co);
     if (*tokenize) return cmd_tokenize(to);
     if (*run) return cmd_run(mo, go, prompt);

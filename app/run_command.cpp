@@ -63,8 +63,9 @@ void print_stats(const TurnStats& s, const std::string& mode, const Model& m) {
   std::string tiers;
   if (s.tiers && (s.tiers->vram_hits + s.tiers->cache_hits + s.tiers->disk_reads) > 0) {
     const auto& t = *s.tiers;
-    tiers = fmt::format("; experts vram {} ram {} cache {} disk {} ({:.1f} MiB read)", t.vram_hits, t.ram_hits,
-                        t.cache_hits, t.disk_reads, static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0));
+    tiers =
+        fmt::format("; experts vram {} ram {} cache {} disk {} ({:.1f} MiB read)", t.vram_hits, t.ram_hits,
+                    t.cache_hits, t.disk_reads, static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0));
   }
   fmt::print(stderr, "[{} prompt tok, {} new tok, TTFT {:.3f} s, {:.1f} tok/s decode, {}; {} / {}{}]\n",
              s.prompt_tokens, s.new_tokens, s.ttft_s, s.decode_tok_s(), s.finish, m.backends().dense->name(),
@@ -158,7 +159,8 @@ int cmd_chat(const ModelOptions& o, const GenOptions& g, const std::string& syst
   Loaded l = load(o, true);
   const Tokenizer& tok = l.assets->require_tokenizer();
   if (!l.assets->chat_template)
-    fail("chat", "{}: the model has no chat template (tokenizer_config.json chat_template)", l.model->dir().string());
+    fail("chat", "{}: the model has no chat template (tokenizer_config.json chat_template)",
+         l.model->dir().string());
   install_sigint();
   const bool tty = ::isatty(STDIN_FILENO) != 0;
   Session session(l.model, l.config.scheduler.threads);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "e2e.hpp"
 #include "strata/error.hpp"
 #include "strata/model.hpp"
 #include "strata/registry.hpp"
@@ -24,6 +25,7 @@
 #include "strata/safetensors.hpp"
 
 using namespace strata;
+using namespace strata::app;
 using nlohmann::ordered_json;
 
 namespace {
@@ -33,41 +35,6 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// A field of /proc/self/status in bytes (VmHWM = peak resident set, VmRSS = current); -1 when absent.
-int64_t proc_status_bytes(const std::string& key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;  // "...  kB"
-  }
-  return -1;
-}
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-int32_t argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct Rep {
-  double ttft_s = 0;     // Session construction + prefill + argmax
-  double prefill_s = 0;  // the prefill forward alone
-  double decode_s = 0;   // the decode steps
-  std::vector<int32_t> tokens;
-  strata::StoreTelemetry tel;  // the decode steps' expert-tier counters
-};
 
 double mib(int64_t b) {
   return static_cast<double>(b) / 1048576.0;
@@ -98,9 +65,6 @@ int main(int argc, char** argv) {
                "without");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (prefill < 1 || decode < 0 || reps < 1 || warmup < 0)
-      fail("cli", "need --prefill >= 1, --decode >= 0, --reps >= 1, --warmup >= 0");
-
     // The model and its backends from the config, as the strata commands load them (app/commands.cpp load()).
     RuntimeConfig cfg = config.empty() ? RuntimeConfig{} : load_runtime_config(config);
     if (threads >= 0) cfg.scheduler.threads = threads;
@@ -108,7 +72,9 @@ int main(int argc, char** argv) {
     const auto t_load = Clock::now();
     LoadOptions lo;
     lo.store = StoreOptions::from(cfg);  // the expert tiers, as the strata commands load them
-    std::shared_ptr<Model> model = Model::load(model_dir, choose_backends(reg, cfg), lo);
+    Backends backends = choose_backends(reg, cfg);
+    for (const auto& line : backends.approximations) fmt::print("warning: {}\n", line);
+    std::shared_ptr<Model> model = Model::load(model_dir, std::move(backends), lo);
     ExpertStore* store = model->expert_store();
     if (store) fmt::print("{}\n", store->plan_text());
     const double load_s = seconds_since(t_load);
@@ -117,10 +83,6 @@ int main(int argc, char** argv) {
     const auto pc = model->param_counts();
     std::vector<std::string> expert_backends;
     for (const auto& b : model->backends().experts) expert_backends.emplace_back(b->name());
-
-    std::vector<int32_t> ids(static_cast<size_t>(prefill));
-    uint64_t x = seed;
-    for (auto& id : ids) id = static_cast<int32_t>(splitmix64(x) % static_cast<uint64_t>(spec.vocab));
 
     fmt::print("model {} ({}, {} layers, {} experts top-{}); dense={} experts={}; threads {}\n", model_dir,
                spec.model_type, spec.n_layers, spec.n_experts, spec.top_k, model->backends().dense->name(),
@@ -131,64 +93,50 @@ int main(int argc, char** argv) {
         mib(static_cast<int64_t>(pc.dense_bytes)), pc.dense, mib(static_cast<int64_t>(pc.routed_bytes)),
         pc.routed, mib(static_cast<int64_t>(pc.per_expert_bytes)), load_s, mib(rss_loaded));
 
-    if (ab_overlap && store == nullptr) fail("cli", "--ab-overlap needs routed experts (an expert store)");
-    if (ab_overlap) reps *= 2;  // reps of each mode
-    std::vector<Rep> runs;
-    size_t kv_bytes = 0;
-    for (int r = 0; r < warmup + reps; ++r) {
-      Rep rep;
-      // A/B: overlap on in even repetitions, off in odd ones (so drifts of the machine hit both alike).
-      const bool overlap_on = !ab_overlap || r % 2 == 0;
-      if (ab_overlap) store->set_overlap(overlap_on);
-      const auto t0 = Clock::now();
-      Session s(model, cfg.scheduler.threads);
-      const auto t1 = Clock::now();
-      int32_t tok = argmax(s.forward(ids, false));
-      rep.ttft_s = seconds_since(t0);
-      rep.prefill_s = seconds_since(t1);
-      rep.tokens.push_back(tok);
-      const StoreTelemetry before = store ? store->telemetry() : StoreTelemetry{};
-      const auto t2 = Clock::now();
-      for (int i = 0; i < decode; ++i) {
-        tok = argmax(s.forward(std::span<const int32_t>(&tok, 1), false));
-        rep.tokens.push_back(tok);
-      }
-      rep.decode_s = seconds_since(t2);
-      if (store) {
-        rep.tel = store->telemetry() - before;
-        store->end_turn();
-      }
-      kv_bytes = s.kv_bytes();
+    E2eOptions eo;
+    eo.prefill = prefill;
+    eo.decode = decode;
+    eo.reps = reps;
+    eo.warmup = warmup;
+    eo.seed = seed;
+    eo.threads = cfg.scheduler.threads;
+    eo.ab_overlap = ab_overlap;
+    const E2eResult res = run_e2e(model, eo, [&](size_t r, const E2eRep& rep) {
       fmt::print("{} {}{}: TTFT {:.1f} ms, prefill {:.1f} tok/s, decode {:.2f} tok/s ({:.1f} ms/token)\n",
-                 r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1,
-                 ab_overlap ? (overlap_on ? " (overlap on)" : " (overlap off)") : "", rep.ttft_s * 1e3,
+                 rep.warmup ? "warm-up" : "rep", rep.warmup ? r + 1 : r - warmup + 1,
+                 ab_overlap ? (rep.overlap ? " (overlap on)" : " (overlap off)") : "", rep.ttft_s * 1e3,
                  prefill / rep.prefill_s, decode > 0 ? decode / rep.decode_s : 0.0,
                  decode > 0 ? rep.decode_s / decode * 1e3 : 0.0);
       if (store && decode > 0) {
         const StoreTelemetry& t = rep.tel;
         const double n = decode;
-        fmt::print("  decode per token: MoE layers {:.2f} ms (CPU rows {:.2f} ms starting {:.3f} ms and ending {:.3f} ms "
-                   "into the layers, GPU group issued {:.3f} ms and taken {:.3f} ms into them; "
-                   "GPU issue {:.2f} ms, GPU take wait {:.2f} ms, disk wait {:.2f} ms); hits vram {} ram {} cache {} "
-                   "disk {}; {:.1f} MiB read; prefetch {} read ahead, recall {:.2f}\n",
-                   t.layer_s / n * 1e3, t.cpu_rows_s / n * 1e3, t.cpu_start_s / n * 1e3, t.cpu_end_s / n * 1e3,
-                   t.gpu_issued_s / n * 1e3, t.gpu_done_s / n * 1e3, t.gpu_issue_s / n * 1e3,
-                   t.take_s / n * 1e3, t.disk_wait_s / n * 1e3, t.vram_hits, t.ram_hits, t.cache_hits, t.disk_reads,
-                   static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0), t.prefetch_reads, t.prefetch_recall());
+        fmt::print(
+            "  decode per token: MoE layers {:.2f} ms (CPU rows {:.2f} ms starting {:.3f} ms and ending "
+            "{:.3f} ms "
+            "into the layers, GPU group issued {:.3f} ms and taken {:.3f} ms into them; "
+            "GPU issue {:.2f} ms, GPU take wait {:.2f} ms, disk wait {:.2f} ms); hits vram {} ram {} cache "
+            "{} "
+            "disk {}; {:.1f} MiB read; prefetch {} read ahead, recall {:.2f}\n",
+            t.layer_s / n * 1e3, t.cpu_rows_s / n * 1e3, t.cpu_start_s / n * 1e3, t.cpu_end_s / n * 1e3,
+            t.gpu_issued_s / n * 1e3, t.gpu_done_s / n * 1e3, t.gpu_issue_s / n * 1e3, t.take_s / n * 1e3,
+            t.disk_wait_s / n * 1e3, t.vram_hits, t.ram_hits, t.cache_hits, t.disk_reads,
+            static_cast<double>(t.disk_bytes) / (1024.0 * 1024.0), t.prefetch_reads, t.prefetch_recall());
       }
-      runs.push_back(std::move(rep));
-    }
-    bool same_tokens = true;
-    for (const Rep& r : runs) same_tokens = same_tokens && r.tokens == runs.front().tokens;
+    });
+    const std::vector<E2eRep>& runs = res.runs;
+    const bool same_tokens = res.same_tokens;
+    const size_t kv_bytes = res.kv_bytes;
+    if (ab_overlap) reps *= 2;  // reps of each mode
 
     // Overlap efficiency (per decode token, medians over each mode's repetitions).
     double eff = 0, ab_on_ms = 0, ab_cpu_ms = 0, ab_gpu_ms = 0, ab_off_ms = 0;
     if (ab_overlap && decode > 0) {
       std::vector<double> on, off, cpu, gpu, on_start, on_cpu, on_end, on_gpu_done, on_issued;
       for (int r = warmup; r < warmup + reps; ++r) {
-        const StoreTelemetry& t = runs[static_cast<size_t>(r)].tel;
+        const E2eRep& rep = runs[static_cast<size_t>(r)];
+        const StoreTelemetry& t = rep.tel;
         const double n = decode;
-        if (r % 2 == 0) {
+        if (rep.overlap) {
           on.push_back(t.layer_s / n * 1e3);
           on_start.push_back(t.cpu_start_s / n * 1e3);
           on_cpu.push_back(t.cpu_rows_s / n * 1e3);
@@ -207,7 +155,8 @@ int main(int argc, char** argv) {
       ab_gpu_ms = median(gpu);
       eff = ab_on_ms / std::max({ab_cpu_ms, ab_gpu_ms, 1e-9});
       fmt::print(
-          "overlap A/B, MoE layers per decode token (medians of {} each): overlap on {:.3f} ms; off {:.3f} ms = "
+          "overlap A/B, MoE layers per decode token (medians of {} each): overlap on {:.3f} ms; off {:.3f} "
+          "ms = "
           "CPU rows {:.3f} ms, GPU issue + take {:.3f} ms, rest; overlap efficiency {:.3f} (on / max(CPU, "
           "GPU)); with overlap the CPU rows take {:.3f} ms, starting {:.3f} ms and ending {:.3f} ms into the "
           "layers, the GPU groups issued {:.3f} ms and taken {:.3f} ms into them\n",
@@ -215,19 +164,11 @@ int main(int argc, char** argv) {
           median(on_end), median(on_issued), median(on_gpu_done));
     }
 
-    std::vector<double> ttft, pre_tps, dec_tps;
-    for (int r = warmup; r < warmup + reps; ++r) {
-      const Rep& rep = runs[static_cast<size_t>(r)];
-      ttft.push_back(rep.ttft_s);
-      pre_tps.push_back(prefill / rep.prefill_s);
-      if (decode > 0) dec_tps.push_back(decode / rep.decode_s);
-    }
     const int64_t hwm = proc_status_bytes("VmHWM"), rss = proc_status_bytes("VmRSS");
-    const double ttft_ms = median(ttft) * 1e3, pre = median(pre_tps),
-                 dec = decode > 0 ? median(dec_tps) : 0.0;
+    const double ttft_ms = res.ttft_ms, pre = res.prefill_tok_s, dec = res.decode_tok_s;
     fmt::print(
-        "median of {}{}: prefill {} tokens {:.1f} tok/s, decode {} tokens {:.2f} tok/s, TTFT {:.1f} ms\n", reps,
-        ab_overlap ? " (overlap on and off pooled)" : "", prefill, pre, decode, dec, ttft_ms);
+        "median of {}{}: prefill {} tokens {:.1f} tok/s, decode {} tokens {:.2f} tok/s, TTFT {:.1f} ms\n",
+        reps, ab_overlap ? " (overlap on and off pooled)" : "", prefill, pre, decode, dec, ttft_ms);
     fmt::print(
         "memory: peak RSS (VmHWM) {:.1f} MiB, RSS now {:.1f} MiB; weights dense {:.1f} + routed {:.1f} = "
         "{:.1f} MiB; KV cache {:.1f} MiB\n",
@@ -241,24 +182,25 @@ int main(int argc, char** argv) {
     if (!json_out.empty()) {
       ordered_json per_rep = ordered_json::array();
       for (size_t r = 0; r < runs.size(); ++r) {
-        const Rep& rep = runs[r];
-        per_rep.push_back({{"warmup", static_cast<int>(r) < warmup},
-                           {"overlap", !ab_overlap || r % 2 == 0},
-                           {"ttft_ms", rep.ttft_s * 1e3},
-                           {"prefill_s", rep.prefill_s},
-                           {"decode_s", rep.decode_s},
-                           {"prefill_tok_s", prefill / rep.prefill_s},
-                           {"decode_tok_s", decode > 0 ? decode / rep.decode_s : 0.0},
-                           {"decode_moe_layers_s", rep.tel.layer_s},
-                           {"decode_cpu_rows_s", rep.tel.cpu_rows_s},
-                           {"decode_gpu_take_wait_s", rep.tel.take_s},
-                           {"decode_cpu_start_s", rep.tel.cpu_start_s},
-                           {"decode_cpu_end_s", rep.tel.cpu_end_s},
-                           {"decode_gpu_issued_s", rep.tel.gpu_issued_s},
-                           {"decode_gpu_done_s", rep.tel.gpu_done_s},
-                           {"decode_disk_wait_s", rep.tel.disk_wait_s},
-                           {"decode_hits", {rep.tel.vram_hits, rep.tel.ram_hits, rep.tel.cache_hits, rep.tel.disk_reads}},
-                           {"decode_disk_bytes", rep.tel.disk_bytes}});
+        const E2eRep& rep = runs[r];
+        per_rep.push_back(
+            {{"warmup", static_cast<int>(r) < warmup},
+             {"overlap", rep.overlap},
+             {"ttft_ms", rep.ttft_s * 1e3},
+             {"prefill_s", rep.prefill_s},
+             {"decode_s", rep.decode_s},
+             {"prefill_tok_s", prefill / rep.prefill_s},
+             {"decode_tok_s", decode > 0 ? decode / rep.decode_s : 0.0},
+             {"decode_moe_layers_s", rep.tel.layer_s},
+             {"decode_cpu_rows_s", rep.tel.cpu_rows_s},
+             {"decode_gpu_take_wait_s", rep.tel.take_s},
+             {"decode_cpu_start_s", rep.tel.cpu_start_s},
+             {"decode_cpu_end_s", rep.tel.cpu_end_s},
+             {"decode_gpu_issued_s", rep.tel.gpu_issued_s},
+             {"decode_gpu_done_s", rep.tel.gpu_done_s},
+             {"decode_disk_wait_s", rep.tel.disk_wait_s},
+             {"decode_hits", {rep.tel.vram_hits, rep.tel.ram_hits, rep.tel.cache_hits, rep.tel.disk_reads}},
+             {"decode_disk_bytes", rep.tel.disk_bytes}});
       }
       const ordered_json j = {
           {"model", model_dir},
@@ -286,13 +228,12 @@ int main(int argc, char** argv) {
           {"routed_params", pc.routed},
           {"kv_bytes", kv_bytes},
           {"tokens_identical", same_tokens},
-          {"overlap_ab",
-           ab_overlap ? ordered_json{{"on_layer_ms", ab_on_ms},
-                                     {"off_layer_ms", ab_off_ms},
-                                     {"off_cpu_rows_ms", ab_cpu_ms},
-                                     {"off_gpu_ms", ab_gpu_ms},
-                                     {"efficiency", eff}}
-                      : ordered_json()},
+          {"overlap_ab", ab_overlap ? ordered_json{{"on_layer_ms", ab_on_ms},
+                                                   {"off_layer_ms", ab_off_ms},
+                                                   {"off_cpu_rows_ms", ab_cpu_ms},
+                                                   {"off_gpu_ms", ab_gpu_ms},
+                                                   {"efficiency", eff}}
+                                    : ordered_json()},
           {"tokens", runs.back().tokens},
           {"runs", per_rep}};
       const std::string text = j.dump(2) + "\n";

@@ -94,6 +94,26 @@ TEST_CASE("strata inspect reports KV bytes, parameters and expert size") {
   CHECK(out.find("expert size:  24576 parameters") != std::string::npos);
 }
 
+TEST_CASE("strata bench measures the bundled model: medians, identical greedy tokens, JSON") {
+  std::string out;
+  REQUIRE(run_command(bin() + " bench --prefill 8 --decode 4 --reps 2 --warmup 1", &out) == 0);
+  CHECK(out.find("strata-nano (glm_moe_dsa, 4 layers)") != std::string::npos);
+  CHECK(out.find("warm-up 1: TTFT") != std::string::npos);
+  CHECK(out.find("rep 2: TTFT") != std::string::npos);
+  CHECK(out.find("median: prefill") != std::string::npos);
+  CHECK(out.find("greedy tokens identical in every repetition") != std::string::npos);
+  CHECK(out.find("expert hits vram 0.0, ram 12.0") != std::string::npos);  // 3 MoE layers × top-4, from RAM
+  REQUIRE(run_command(bin() + " bench --prefill 8 --decode 4 --reps 1 --warmup 0 --json --threads 1", &out) == 0);
+  const auto j = nlohmann::json::parse(out);
+  CHECK(j["prefill_tok_s"].get<double>() > 0);
+  CHECK(j["decode_tok_s"].get<double>() > 0);
+  CHECK(j["tokens_identical"].get<bool>());
+  CHECK(j["threads"].get<int>() == 1);
+  CHECK(j["decode_telemetry"]["hits"]["ram"].get<int>() == 4 * 12);
+  CHECK(run_command(bin() + " bench --reps 0", &out) != 0);
+  CHECK(out.find("--reps") != std::string::npos);
+}
+
 TEST_CASE("bad input gives a clear message and a non-zero exit") {
   std::string out;
   CHECK(run_command(bin() + " generate --model /nonexistent --ids 1,2", &out) == 1);

@@ -68,6 +68,7 @@ struct StoreTelemetry {
   // group was queued on the device (late when the issue thread waited for a core).
   double gpu_issued_s = 0;
   StoreTelemetry operator-(const StoreTelemetry& o) const;
+  StoreTelemetry operator+(const StoreTelemetry& o) const;
 };
 
 // The plan, as numbers (plan_text() says it in words).
