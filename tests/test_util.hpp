@@ -98,7 +98,7 @@ inline Backends backends_named(const std::string& name = "", int threads = 0) {
   RuntimeConfig cfg;
   cfg.scheduler.threads = threads;
   if (!name.empty()) {
-    cfg.backends.dense = name;
+    cfg.backends.dense = {name};
     cfg.backends.experts = {name};
   }
   return choose_backends(build_registry(), cfg);

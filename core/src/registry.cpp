@@ -5,7 +5,7 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 #include <cstdlib>
-#include <set>
+#include <utility>
 
 #include "strata/error.hpp"
 #include "strata/plugin_abi.h"
@@ -176,21 +176,42 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
     made[p->name] = b;
     return b;
   };
-  if (config.backends.dense == "auto") {
-    out.dense = make(ranked.front());
-    out.dense_reason = "auto: highest score";
-  } else {
-    const PluginRecord* p = registry.find(config.backends.dense);
-    if (p == nullptr) fail("backends", "backends.dense: {}", describe_missing(config.backends.dense));
-    out.dense = make(p);
-    out.dense_reason = "configured";
+  // A plugin that is here but says it cannot run on this machine (score 0: an ISA this CPU lacks, no GPU or
+  // driver) is passed over in a preference list when another entry can run, and said so (skipped); a name
+  // that is nowhere, or a plugin that failed to load (a broken install), is an error.
+  auto cannot_run = [&](const std::string& name) {
+    return std::any_of(registry.plugins().begin(), registry.plugins().end(), [&](const PluginRecord& r) {
+      return r.name == name && !r.usable && r.reason.rfind("score 0", 0) == 0;
+    });
+  };
+  // backends.dense: the first entry of the list that runs here; "auto" = the highest-scoring exact plugin.
+  std::vector<std::string> dense_rejected;
+  for (const auto& name : config.backends.dense) {
+    if (name == "auto") {
+      out.dense = make(ranked.front());
+      out.dense_reason = "auto: highest score";
+      break;
+    }
+    if (const PluginRecord* p = registry.find(name)) {
+      out.dense = make(p);
+      out.dense_reason = "configured";
+      break;
+    }
+    if (!cannot_run(name)) fail("backends", "backends.dense: {}", describe_missing(name));
+    dense_rejected.push_back(describe_missing(name));
   }
+  if (!out.dense) {
+    if (dense_rejected.size() == 1) fail("backends", "backends.dense: {}", dense_rejected.front());
+    if (dense_rejected.empty()) fail("backends", "backends.dense: an empty list (name a plugin, or auto)");
+    fail("backends", "backends.dense: none of the listed plugins can run here: {}",
+         fmt::join(dense_rejected, "; "));
+  }
+  for (auto& r : dense_rejected) out.skipped.push_back("backends.dense: skipped " + r);
   if (config.backends.experts.empty()) {
     for (const auto* p : ranked) out.experts.push_back(make(p));
   } else {
-    // An ordered preference: a plugin that is here but says it cannot run on this machine (score 0: an ISA
-    // this CPU lacks, no GPU or driver) is skipped when another one of the list can, and said so (skipped);
-    // a name that is nowhere, or a plugin that failed to load (a broken install), is an error.
+    // An ordered preference: every listed plugin that runs here, in order (the first that supports a
+    // format computes it).
     std::vector<std::string> rejected;
     for (const auto& name : config.backends.experts) {
       const PluginRecord* p = registry.find(name);
@@ -198,11 +219,7 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
         out.experts.push_back(make(p));
         continue;
       }
-      const bool cannot_run =
-          std::any_of(registry.plugins().begin(), registry.plugins().end(), [&](const PluginRecord& r) {
-            return r.name == name && !r.usable && r.reason.rfind("score 0", 0) == 0;
-          });
-      if (!cannot_run || config.backends.experts.size() == 1) {
+      if (!cannot_run(name) || config.backends.experts.size() == 1) {
         fail("backends", "backends.experts: {}", describe_missing(name));
       }
       rejected.push_back(describe_missing(name));
@@ -213,15 +230,21 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
     }
     for (auto& r : rejected) out.skipped.push_back("backends.experts: skipped " + r);
   }
-  std::set<std::string> said;
-  auto say = [&](const std::shared_ptr<Backend>& b, const char* role) {
+  // Each chosen plugin that is not exact mode, once, with the roles it was chosen for.
+  std::vector<std::pair<const PluginRecord*, std::vector<std::string>>> lossy;
+  auto note = [&](const std::shared_ptr<Backend>& b, const char* role) {
     const PluginRecord* p = registry.find(std::string(b->name()));
-    if (p == nullptr || p->approximation.empty() || !said.insert(p->name).second) return;
-    out.approximations.push_back(
-        fmt::format("{} plugin {} is not exact mode (opt-in): {}", role, p->name, p->approximation));
+    if (p == nullptr || p->approximation.empty()) return;
+    auto it = std::find_if(lossy.begin(), lossy.end(), [&](const auto& e) { return e.first == p; });
+    if (it == lossy.end()) it = lossy.insert(lossy.end(), {p, {}});
+    if (std::find(it->second.begin(), it->second.end(), role) == it->second.end()) it->second.push_back(role);
   };
-  say(out.dense, "the dense");
-  for (const auto& e : out.experts) say(e, "the experts'");
+  note(out.dense, "dense");
+  for (const auto& e : out.experts) note(e, "experts");
+  for (const auto& [p, roles] : lossy) {
+    out.approximations.push_back(fmt::format("plugin {} (chosen for {}) is not exact mode (opt-in): {}",
+                                             p->name, fmt::join(roles, " + "), p->approximation));
+  }
   return out;
 }
 

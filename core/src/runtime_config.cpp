@@ -106,7 +106,11 @@ RuntimeConfig parse_runtime_config(const std::string& text, const fs::path& orig
   }
   if (auto b = root["backends"]) {
     check_keys(c, b, "backends", {"dense", "experts"});
-    if (auto d = b["dense"]) cfg.backends.dense = as_string(c, d, "backends.dense");
+    if (auto d = b["dense"]) {
+      cfg.backends.dense = as_string_list(c, d, "backends.dense");
+      if (cfg.backends.dense.empty())
+        fail(kComp, "{}: 'backends.dense' is an empty list (name a plugin, or auto)", c.where(d));
+    }
     if (auto e = b["experts"]) {
       cfg.backends.experts = as_string_list(c, e, "backends.experts");
       if (cfg.backends.experts.size() == 1 && cfg.backends.experts[0] == "auto") cfg.backends.experts.clear();

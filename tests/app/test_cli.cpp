@@ -40,8 +40,8 @@ TEST_CASE("strata plugins lists the CPU plugins with scores and the choice") {
                       &out) == 0);
   CHECK(out.find("backends.experts: skipped plugin 'cpu_avx512' was rejected") != std::string::npos);
   // cpu_vnni (int8 activations) is listed as not exact, never chosen by auto, and named with a warning when
-  // configs/cpu-int8.yaml picks it; where it cannot run, that config falls back to the exact plugins,
-  // silently.
+  // configs/cpu-int8.yaml picks it; where it cannot run, that config falls back to the exact plugins (for
+  // dense and for experts, saying so), with no warning.
   const std::string int8 = " plugins --config " + std::string(STRATA_SOURCE_DIR) + "/configs/cpu-int8.yaml";
   REQUIRE(run_command(bin() + " plugins", &out) == 0);
   CHECK(out.find("warning") == std::string::npos);
@@ -49,12 +49,16 @@ TEST_CASE("strata plugins lists the CPU plugins with scores and the choice") {
     CHECK(out.find("available (not exact mode: chosen only when a config names it)") != std::string::npos);
     CHECK(out.find("not exact: int8 activations") != std::string::npos);
     REQUIRE(run_command(bin() + int8, &out) == 0);
-    CHECK(out.find("warning: the experts' plugin cpu_vnni is not exact mode (opt-in): int8 activations") !=
-          std::string::npos);
+    CHECK(
+        out.find("warning: plugin cpu_vnni (chosen for dense + experts) is not exact mode (opt-in): int8") !=
+        std::string::npos);
   }
   REQUIRE(run_command("STRATA_CPU_VNNI_PROBE=off " + bin() + int8, &out) == 0);
-  CHECK(out.find("skipped plugin 'cpu_vnni' was rejected: score 0: AVX-512 VNNI probe forced off") !=
-        std::string::npos);
+  CHECK(
+      out.find("backends.experts: skipped plugin 'cpu_vnni' was rejected: score 0: AVX-512 VNNI probe forced "
+               "off") != std::string::npos);
+  CHECK(out.find("backends.dense: skipped plugin 'cpu_vnni'") != std::string::npos);
+  CHECK(out.find("score  100  chosen for dense + experts") != std::string::npos);
   CHECK(out.find("warning") == std::string::npos);
 }
 
@@ -103,7 +107,8 @@ TEST_CASE("strata bench measures the bundled model: medians, identical greedy to
   CHECK(out.find("median: prefill") != std::string::npos);
   CHECK(out.find("greedy tokens identical in every repetition") != std::string::npos);
   CHECK(out.find("expert hits vram 0.0, ram 12.0") != std::string::npos);  // 3 MoE layers × top-4, from RAM
-  REQUIRE(run_command(bin() + " bench --prefill 8 --decode 4 --reps 1 --warmup 0 --json --threads 1", &out) == 0);
+  REQUIRE(run_command(bin() + " bench --prefill 8 --decode 4 --reps 1 --warmup 0 --json --threads 1", &out) ==
+          0);
   const auto j = nlohmann::json::parse(out);
   CHECK(j["prefill_tok_s"].get<double>() > 0);
   CHECK(j["decode_tok_s"].get<double>() > 0);

@@ -128,7 +128,7 @@ TEST_CASE("STRATA_PLUGIN_PATH and plugins.path extend the search path, in order"
 TEST_CASE("backend choice from the config") {
   auto& reg = build_registry();
   RuntimeConfig cfg;
-  cfg.backends.dense = "cpu_generic";
+  cfg.backends.dense = {"cpu_generic"};
   cfg.backends.experts = {"cpu_generic"};
   const Backends b = choose_backends(reg, cfg);
   CHECK(b.dense->name() == "cpu_generic");
@@ -137,14 +137,14 @@ TEST_CASE("backend choice from the config") {
   CHECK_THROWS_WITH_AS(choose_backends(reg, cfg),
                        doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);
   PluginRegistry broken({fs::path(STRATA_TEST_PLUGIN_DIR)});
-  cfg.backends.dense = "score_zero";
+  cfg.backends.dense = {"score_zero"};
   CHECK_THROWS_WITH_AS(choose_backends(broken, cfg), doctest::Contains("no usable backend plugin"), Error);
   PluginRegistry mixed({fs::path(STRATA_TEST_PLUGIN_DIR), fs::path(STRATA_PLUGIN_BUILD_DIR)});
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
   // The experts list is an ordered preference: a listed plugin that cannot run here is passed over (and
   // said so) when another one can; alone, or with a name found nowhere, it is an error.
-  cfg.backends.dense = "cpu_generic";
+  cfg.backends.dense = {"cpu_generic"};
   cfg.backends.experts = {"score_zero", "cpu_generic"};
   const Backends m = choose_backends(mixed, cfg);
   REQUIRE(m.experts.size() == 1);
@@ -157,6 +157,25 @@ TEST_CASE("backend choice from the config") {
   cfg.backends.experts = {"score_zero", "score_zero"};
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("none of the listed plugins can run here"), Error);
+  // backends.dense is an ordered preference too: the first entry that runs; auto anywhere in it.
+  cfg.backends.experts = {"cpu_generic"};
+  cfg.backends.dense = {"score_zero", "cpu_generic"};
+  const Backends d = choose_backends(mixed, cfg);
+  CHECK(d.dense->name() == "cpu_generic");
+  CHECK(d.dense_reason == "configured");
+  REQUIRE(d.skipped.size() == 1);
+  CHECK(d.skipped.front().find("backends.dense: skipped plugin 'score_zero' was rejected: score 0") !=
+        std::string::npos);
+  cfg.backends.dense = {"score_zero", "auto"};
+  CHECK(choose_backends(mixed, cfg).dense_reason == "auto: highest score");
+  cfg.backends.dense = {"score_zero", "score_zero"};
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("backends.dense: none of the listed plugins can run here"), Error);
+  cfg.backends.dense = {"cuda_nonexistent",
+                        "cpu_generic"};  // a name found nowhere is a mistake, not a fallback
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("backends.dense: plugin 'cuda_nonexistent' was not found"), Error);
+  cfg.backends.dense = {"cpu_generic"};
   cfg.backends.experts = {"cuda_nonexistent", "cpu_generic"};
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);

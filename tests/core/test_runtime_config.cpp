@@ -27,7 +27,7 @@ scheduler:
   REQUIRE(cfg.plugins.path.size() == 2);
   CHECK(cfg.plugins.path[0] == fs::path("/etc/strata/extra"));
   CHECK(cfg.plugins.path[1] == fs::path("/opt/strata/plugins"));
-  CHECK(cfg.backends.dense == "cpu_generic");
+  CHECK(cfg.backends.dense == std::vector<std::string>{"cpu_generic"});
   CHECK(cfg.backends.experts == std::vector<std::string>{"cpu_avx512", "cpu_generic"});
   CHECK(!cfg.memory.vram_gb.has_value());
   CHECK(cfg.memory.ram_gb.value() == 48);
@@ -37,9 +37,20 @@ scheduler:
   CHECK(!cfg.scheduler.overlap);
 }
 
+TEST_CASE("backends.dense: a name or a preference list") {
+  CHECK(parse_runtime_config("backends: {dense: [cpu_vnni, auto]}", "d.yaml").backends.dense ==
+        std::vector<std::string>{"cpu_vnni", "auto"});
+  CHECK(parse_runtime_config("backends: {dense: cpu_avx512}", "d.yaml").backends.dense ==
+        std::vector<std::string>{"cpu_avx512"});
+  CHECK_THROWS_WITH_AS(parse_runtime_config("backends: {dense: []}", "d.yaml"),
+                       doctest::Contains("'backends.dense' is an empty list"), Error);
+  CHECK_THROWS_WITH_AS(parse_runtime_config("backends: {dense: {a: 1}}", "d.yaml"),
+                       doctest::Contains("'backends.dense' must be a string or a list of strings"), Error);
+}
+
 TEST_CASE("empty config gives defaults; the shipped configs parse") {
   const auto cfg = parse_runtime_config("", "empty.yaml");
-  CHECK(cfg.backends.dense == "auto");
+  CHECK(cfg.backends.dense == std::vector<std::string>{"auto"});
   CHECK(cfg.backends.experts.empty());
   CHECK(cfg.scheduler.threads == 0);
   for (const auto& e : fs::directory_iterator(fs::path(STRATA_SOURCE_DIR) / "configs")) {

@@ -108,7 +108,7 @@ TEST_CASE("cpu_vnni is chosen only by name, and says it is not exact") {
   CHECK(a.approximations.empty());
   const Backends n = vnni_experts();
   REQUIRE(n.approximations.size() == 1);
-  CHECK(n.approximations[0].find("cpu_vnni is not exact mode") != std::string::npos);
+  CHECK(n.approximations[0].find("plugin cpu_vnni (chosen for experts) is not exact mode") != std::string::npos);
   // The exact plugins stay exact.
   for (const char* name : {"cpu_generic", "cpu_avx512", "cpu_avx2"}) {
     if (const PluginRecord* q = build_registry().find(name)) CHECK(q->approximation.empty());

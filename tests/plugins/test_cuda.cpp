@@ -1422,8 +1422,8 @@ static void gpu_case_9(const PluginRecord* rec) {
   REQUIRE(dirs.size() >= 4);
   RuntimeConfig cfg;
   cfg.backends.experts = {rec->name};
-  cfg.backends.dense =
-      rec->name == "cuda" ? "cuda" : "cpu_generic";  // the emulation is slow for every matmul
+  cfg.backends.dense = {rec->name == "cuda" ? "cuda"
+                                            : "cpu_generic"};  // the emulation is slow for every matmul
   for (const auto& dir : dirs) {
     CAPTURE(dir.filename().string());
     const Expected ex = load_expected(dir);
@@ -1479,7 +1479,7 @@ static void gpu_case_store(const PluginRecord* rec) {
     const Expected ex = load_expected(dir);
     RuntimeConfig cfg;
     cfg.backends.experts = {rec->name};
-    cfg.backends.dense = rec->name == "cuda" ? "auto" : "cpu_generic";
+    cfg.backends.dense = {rec->name == "cuda" ? "auto" : "cpu_generic"};
     auto load = [&](bool overlap, std::optional<double> ram_gb = std::nullopt) {
       LoadOptions probe_lo;
       auto probe = Model::load(dir, choose_backends(registry(), cfg), probe_lo);

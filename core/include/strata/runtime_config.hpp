@@ -13,8 +13,10 @@ struct RuntimeConfig {
     std::vector<std::filesystem::path> path;  // extra plugin folders, searched after the defaults
   } plugins;
   struct Backends {
-    std::string dense = "auto";        // plugin name, or "auto" = highest score that supports the op
-    std::vector<std::string> experts;  // ordered preference; empty = "auto"
+    // Ordered preference: the first entry that runs on this machine; "auto" = the highest-scoring plugin in
+    // exact mode. A YAML string is a list of one.
+    std::vector<std::string> dense = {"auto"};
+    std::vector<std::string> experts;  // ordered preference, every entry that runs; empty = "auto"
   } backends;
   struct Memory {
     std::optional<double> vram_gb;  // nullopt = auto
