@@ -32,12 +32,18 @@ int json_nesting(std::string_view text) {
 
 std::string read_text_file(const std::filesystem::path& path, std::string_view component,
                            std::string_view hint) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))  // (opens fine, then fails to read with EISDIR)
+    fail(component, "cannot open '{}': it is a directory{}", path.string(), hint);
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(component, "cannot open '{}': {}{}", path.string(), std::strerror(errno), hint);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(component, "cannot read '{}': {}{}", path.string(), std::strerror(errno), hint);
-  return text;
+  try {
+    // A read error surfaces as std::ios_base::failure from the stream buffer, not as the stream's bad bit.
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    fail(component, "cannot read '{}': {}{}", path.string(), e.what(), hint);
+  }
 }
 
 }  // namespace strata

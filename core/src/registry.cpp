@@ -158,14 +158,21 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
     for (const auto& d : registry.search_path()) dirs += (dirs.empty() ? "" : ", ") + d.string();
     return fmt::format("plugin '{}' was not found (searched: {})", name, dirs.empty() ? "nothing" : dirs);
   };
-  // auto means exact mode: a plugin that approximates (DESIGN §6, "opt-in, named") runs only where named.
-  const auto ranked = registry.ranked(/*exact_only=*/true);
-  if (ranked.empty()) {
-    std::string dirs;
-    for (const auto& d : registry.search_path()) dirs += (dirs.empty() ? "" : ", ") + d.string();
+  std::string dirs;
+  for (const auto& d : registry.search_path()) dirs += (dirs.empty() ? "" : ", ") + d.string();
+  if (registry.ranked().empty()) {
     fail("backends", "no usable backend plugin found (searched: {}); set STRATA_PLUGIN_PATH or plugins.path",
          dirs.empty() ? "nothing" : dirs);
   }
+  // auto means exact mode: a plugin that approximates (DESIGN §6, "opt-in, named") runs only where named.
+  const auto ranked = registry.ranked(/*exact_only=*/true);
+  auto auto_plugins = [&](const char* key) {
+    if (ranked.empty()) {
+      fail("backends", "{}: auto found no plugin in exact mode (searched: {}); name a plugin instead", key,
+           dirs.empty() ? "nothing" : dirs);
+    }
+    return ranked;
+  };
   Backends out;
   const int threads = config.scheduler.threads;
   std::map<std::string, std::shared_ptr<Backend>> made;
@@ -188,7 +195,7 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
   std::vector<std::string> dense_rejected;
   for (const auto& name : config.backends.dense) {
     if (name == "auto") {
-      out.dense = make(ranked.front());
+      out.dense = make(auto_plugins("backends.dense").front());
       out.dense_reason = "auto: highest score";
       break;
     }
@@ -207,16 +214,25 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
          fmt::join(dense_rejected, "; "));
   }
   for (auto& r : dense_rejected) out.skipped.push_back("backends.dense: skipped " + r);
+  // Adds a plugin to the experts list once.
+  auto add_expert = [&](const PluginRecord* p) {
+    auto b = make(p);
+    if (std::find(out.experts.begin(), out.experts.end(), b) == out.experts.end()) out.experts.push_back(b);
+  };
   if (config.backends.experts.empty()) {
-    for (const auto* p : ranked) out.experts.push_back(make(p));
+    for (const auto* p : auto_plugins("backends.experts")) add_expert(p);
   } else {
     // An ordered preference: every listed plugin that runs here, in order (the first that supports a
-    // format computes it).
+    // format computes it); auto adds the exact-mode plugins by score.
     std::vector<std::string> rejected;
     for (const auto& name : config.backends.experts) {
+      if (name == "auto") {
+        for (const auto* p : auto_plugins("backends.experts")) add_expert(p);
+        continue;
+      }
       const PluginRecord* p = registry.find(name);
       if (p != nullptr) {
-        out.experts.push_back(make(p));
+        add_expert(p);
         continue;
       }
       if (!cannot_run(name) || config.backends.experts.size() == 1) {

@@ -176,6 +176,12 @@ TEST_CASE("backend choice from the config") {
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("backends.dense: plugin 'cuda_nonexistent' was not found"), Error);
   cfg.backends.dense = {"cpu_generic"};
+  // auto in the experts list adds the exact-mode plugins by score, each once.
+  cfg.backends.experts = {"score_zero", "cpu_generic", "auto"};
+  const Backends a = choose_backends(mixed, cfg);
+  CHECK(a.experts.front()->name() == "cpu_generic");
+  CHECK(a.experts.size() == mixed.ranked(/*exact_only=*/true).size());
+  CHECK(a.skipped.size() == 1);
   cfg.backends.experts = {"cuda_nonexistent", "cpu_generic"};
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("plugin 'cuda_nonexistent' was not found"), Error);

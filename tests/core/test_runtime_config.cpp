@@ -37,6 +37,11 @@ scheduler:
   CHECK(!cfg.scheduler.overlap);
 }
 
+TEST_CASE("a config path that is a directory is refused by name") {
+  TempDir tmp;
+  CHECK_THROWS_WITH_AS(load_runtime_config(tmp.path()), doctest::Contains("it is a directory"), Error);
+}
+
 TEST_CASE("backends.dense: a name or a preference list") {
   CHECK(parse_runtime_config("backends: {dense: [cpu_vnni, auto]}", "d.yaml").backends.dense ==
         std::vector<std::string>{"cpu_vnni", "auto"});

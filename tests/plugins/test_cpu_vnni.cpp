@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "strata/error.hpp"
 #include "strata/quant.hpp"
 #include "test_matrices.hpp"
 #include "test_util.hpp"
@@ -108,11 +109,27 @@ TEST_CASE("cpu_vnni is chosen only by name, and says it is not exact") {
   CHECK(a.approximations.empty());
   const Backends n = vnni_experts();
   REQUIRE(n.approximations.size() == 1);
-  CHECK(n.approximations[0].find("plugin cpu_vnni (chosen for experts) is not exact mode") != std::string::npos);
+  CHECK(n.approximations[0].find("plugin cpu_vnni (chosen for experts) is not exact mode") !=
+        std::string::npos);
   // The exact plugins stay exact.
   for (const char* name : {"cpu_generic", "cpu_avx512", "cpu_avx2"}) {
     if (const PluginRecord* q = build_registry().find(name)) CHECK(q->approximation.empty());
   }
+}
+
+TEST_CASE("a folder with only cpu_vnni: named it runs, auto says it found no exact plugin") {
+  if (!vnni_here()) return;
+  TempDir tmp;
+  fs::copy_file(build_registry().find("cpu_vnni")->file, tmp.path() / "libstrata_cpu_vnni.so");
+  PluginRegistry only({tmp.path()});
+  RuntimeConfig cfg;
+  cfg.backends.dense = {"cpu_vnni"};
+  cfg.backends.experts = {"cpu_vnni"};
+  const Backends b = choose_backends(only, cfg);
+  CHECK(b.dense->name() == "cpu_vnni");
+  cfg.backends.dense = {"auto"};
+  CHECK_THROWS_WITH_AS(choose_backends(only, cfg),
+                       doctest::Contains("backends.dense: auto found no plugin in exact mode"), Error);
 }
 
 TEST_CASE("cpu_vnni matmul: int4 and BF16 within their rounding bounds, F32 and F16 bit for bit exact") {

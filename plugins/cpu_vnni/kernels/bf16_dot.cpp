@@ -5,18 +5,10 @@
 #include <algorithm>
 
 #include "bf16.hpp"
+#include "hsum.hpp"
 
 namespace strata_cpu {
 namespace {
-
-// The sum of the 16 lanes in a fixed order (as q8_vnni.cpp's; no _mm512_reduce_add_ps, see there).
-inline float hsum(__m512 v) {
-  const __m256 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256 a = _mm256_add_ps(lo, _mm512_extractf32x8_ps(v, 1));
-  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-  return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
-}
 
 template <int R, int S>
 void kernel(const uint16_t* const* rows, int64_t n, const uint16_t* const* x, float* y, int64_t y_stride,
