@@ -1,6 +1,7 @@
 // cpu_vnni: int4 weights times int8 activations on AVX-512 VNNI, BF16 weights times bf16 activations on
 // AVX512_BF16 (not exact mode: opt-in, never chosen by auto); this file (vtable and score) has no ISA flags.
 #include "cpu_plugin.hpp"
+#include "kernels/bf16.hpp"
 #include "kernels/q8.hpp"
 
 extern "C" {
@@ -11,9 +12,13 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
         "cpu_vnni", STRATA_VERSION,
         "AVX-512 VNNI: int4 weights x int8 activations (one scale per 64 columns); BF16 weights x bf16 "
         "activations where the CPU has AVX512_BF16; F32/F16 weights exact");
+    // What this CPU will approximate: BF16 weights stay exact without AVX512_BF16 (Ice Lake).
     v.approximation =
-        "int8 activations (one scale per 64 columns) for int4 weights, bf16 activations for BF16 weights; "
-        "expert outputs ~1.2 % RMS from exact mode (int4), ~0.3 % (BF16)";
+        strata_cpu::cpu_has_avx512_bf16()
+            ? "int8 activations (one scale per 64 columns) for int4 weights, bf16 activations for BF16 "
+              "weights; expert outputs ~1.2 % RMS from exact mode (int4), ~0.3 % (BF16)"
+            : "int8 activations (one scale per 64 columns) for int4 weights (BF16 weights stay exact: no "
+              "AVX512_BF16 here); expert outputs ~1.2 % RMS from exact mode";
     return v;
   }();
   return &vtable;
