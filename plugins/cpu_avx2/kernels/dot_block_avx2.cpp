@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/dot.hpp"
+
 namespace strata_cpu {
 namespace {
 
@@ -133,8 +135,7 @@ void kernel(const void* const* rows, const float* const* scales, int64_t n, cons
     // does.
     if ((i * kBlockBytes<F> / 32) % 64 == 0) {
       for (int r = 0; r < R; ++r) {
-        _mm_prefetch(static_cast<const char*>(rows[r]) + R * row_bytes + i * kBlockBytes<F> / 32,
-                     _MM_HINT_T0);
+        prefetch_ahead(rows[r], R * row_bytes + i * kBlockBytes<F> / 32);
       }
     }
     if constexpr (F == Fmt::Q4G64) {

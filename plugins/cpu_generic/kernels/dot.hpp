@@ -139,6 +139,15 @@ inline const float* row_f32(const strata_matrix& w, int64_t o, float* scratch) {
   }
 }
 
+// A prefetch (into all cache levels) of the byte at base + offset, which may lie past the end of the matrix:
+// the kernels fetch the next step's rows, which after the last step are not there. The address is formed on
+// integers, so no out-of-range pointer arithmetic; a prefetch of an unmapped address does not fault.
+inline void prefetch_ahead(const void* base, int64_t offset) {
+  __builtin_prefetch(
+      reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(offset)), 0,
+      3);
+}
+
 inline bool is_float_format(int32_t dtype) {
   return dtype == STRATA_DTYPE_F32 || dtype == STRATA_DTYPE_BF16 || dtype == STRATA_DTYPE_F16;
 }

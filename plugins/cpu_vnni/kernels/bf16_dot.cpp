@@ -6,6 +6,7 @@
 
 #include "bf16.hpp"
 #include "hsum.hpp"
+#include "kernels/dot.hpp"
 
 namespace strata_cpu {
 namespace {
@@ -23,7 +24,7 @@ void kernel(const uint16_t* const* rows, int64_t n, const uint16_t* const* x, fl
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       // The next step's rows follow these: fetch them a line at a time, one step ahead (as cpu_avx512 does).
-      _mm_prefetch(reinterpret_cast<const char*>(rows[r] + R * row_elems + c), _MM_HINT_T0);
+      prefetch_ahead(rows[r], 2 * (R * row_elems + c));
       w[r] = left >= 32 ? _mm512_loadu_si512(rows[r] + c)
                         : _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1ull << left) - 1), rows[r] + c);
     }

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "hsum.hpp"
+#include "kernels/dot.hpp"
 #include "q8.hpp"
 
 namespace strata_cpu {
@@ -81,8 +82,8 @@ void kernel(const uint8_t* const* rows, const float* const* scales, int64_t n, c
       const uint8_t* p = rows[r] + 128 * c;
       // The next step's rows follow these in memory: fetch them two lines a chunk, one step ahead (the rows
       // are short streams the hardware prefetcher barely ramps up on; see cpu_avx512).
-      _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes + 64), _MM_HINT_T0);
+      prefetch_ahead(p, R * row_bytes);
+      prefetch_ahead(p, R * row_bytes + 64);
       __m512i a, b;
       if (left >= 128) {
         a = _mm512_loadu_si512(p);
