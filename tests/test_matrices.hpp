@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <span>
+#include <utility>
 #include <vector>
 
 #include "strata/backend.hpp"
@@ -70,50 +70,61 @@ inline std::vector<float> random_vec(std::mt19937& rng, size_t n) {
   return v;
 }
 
-// A group of random experts in one format (gate and up [ffn, hidden], down [hidden, ffn]), a random x of n_x
-// rows, and row_counts[e] random routed rows for expert e: the expert_group inputs of the plugin tests.
+// A group of random experts (gate and up [ffn, hidden], down [hidden, ffn], formats (gate/up, down) per
+// expert), a random x of n_x rows, and row_counts[e] random routed rows for expert e: the expert_group inputs
+// of the plugin tests. The experts' views point into store, so a copy shares the original's weights.
 struct RandomExpertGroup {
   int64_t hidden = 0, ffn = 0, n_x = 0;
   std::vector<float> x;
-  std::vector<HostMatrix> store;  // gate, up, down of each expert (the views in experts point into it)
+  std::vector<HostMatrix> store;  // gate, up, down per expert
   std::vector<ExpertMatrices> experts;
   std::vector<std::vector<int32_t>> rows;
 
-  // Runs every expert on its rows (rs[e]; default: rows) on b; one [rows, hidden] output per expert.
-  std::vector<std::vector<float>> run(const Backend& b) const { return run(b, rows); }
-  std::vector<std::vector<float>> run(const Backend& b, const std::vector<std::vector<int32_t>>& rs) const {
-    std::vector<std::vector<float>> out(experts.size());
-    std::vector<ExpertTask> tasks;
-    for (size_t e = 0; e < experts.size(); ++e) {
-      out[e].assign(rs[e].size() * static_cast<size_t>(hidden), NAN);
-      tasks.push_back({&experts[e], rs[e], out[e].data()});
+  RandomExpertGroup(std::mt19937& rng, int64_t h, int64_t f, int64_t nx, const std::vector<int>& row_counts,
+                    const std::vector<std::pair<WeightFormat, WeightFormat>>& formats)
+      : hidden(h), ffn(f), n_x(nx) {
+    x = random_vec(rng, static_cast<size_t>(nx * h));
+    const size_t n = row_counts.size();
+    store.reserve(3 * n);
+    for (size_t e = 0; e < n; ++e) {
+      store.push_back(random_matrix(rng, formats[e].first, f, h));
+      store.push_back(random_matrix(rng, formats[e].first, f, h));
+      store.push_back(random_matrix(rng, formats[e].second, h, f));
     }
-    b.expert_group(x.data(), n_x, hidden, tasks);
+    for (size_t e = 0; e < n; ++e)
+      experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(nx - 1));
+    rows.resize(n);
+    for (size_t e = 0; e < n; ++e) {
+      for (int r = 0; r < row_counts[e]; ++r) rows[e].push_back(pick(rng));
+    }
+  }
+
+  // One task per expert on rs[e] (default: rows), writing into out[e] (resized, NaN-filled).
+  std::vector<ExpertTask> tasks(std::vector<std::vector<float>>& out,
+                                const std::vector<std::vector<int32_t>>* rs = nullptr) const {
+    const auto& use = rs != nullptr ? *rs : rows;
+    out.assign(experts.size(), {});
+    std::vector<ExpertTask> t;
+    for (size_t e = 0; e < experts.size(); ++e) {
+      out[e].assign(use[e].size() * static_cast<size_t>(hidden), NAN);
+      t.push_back({&experts[e], use[e], out[e].data()});
+    }
+    return t;
+  }
+
+  // Runs every expert on its rows (rs[e]; default: rows) on b; one [rows, hidden] output per expert.
+  std::vector<std::vector<float>> run(const Backend& b,
+                                      const std::vector<std::vector<int32_t>>* rs = nullptr) const {
+    std::vector<std::vector<float>> out;
+    const auto t = tasks(out, rs);
+    b.expert_group(x.data(), n_x, hidden, t);
     return out;
   }
 };
 
-inline RandomExpertGroup random_expert_group(std::mt19937& rng, WeightFormat f, int64_t hidden, int64_t ffn,
-                                             int64_t n_x, std::span<const int> row_counts) {
-  RandomExpertGroup g;
-  g.hidden = hidden;
-  g.ffn = ffn;
-  g.n_x = n_x;
-  g.x = random_vec(rng, static_cast<size_t>(n_x * hidden));
-  const size_t n = row_counts.size();
-  for (size_t e = 0; e < n; ++e) {
-    g.store.push_back(random_matrix(rng, f, ffn, hidden));
-    g.store.push_back(random_matrix(rng, f, ffn, hidden));
-    g.store.push_back(random_matrix(rng, f, hidden, ffn));
-  }
-  for (size_t e = 0; e < n; ++e)
-    g.experts.push_back({g.store[3 * e].view(), g.store[3 * e + 1].view(), g.store[3 * e + 2].view()});
-  g.rows.resize(n);
-  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(n_x - 1));
-  for (size_t e = 0; e < n; ++e) {
-    for (int r = 0; r < row_counts[e]; ++r) g.rows[e].push_back(pick(rng));
-  }
-  return g;
+inline std::vector<std::pair<WeightFormat, WeightFormat>> same_format(WeightFormat f, size_t n) {
+  return std::vector<std::pair<WeightFormat, WeightFormat>>(n, {f, f});
 }
 
 }  // namespace strata::test

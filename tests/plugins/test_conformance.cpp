@@ -122,8 +122,7 @@ TEST_CASE("expert_group: every plugin equals cpu_generic, experts with 0, 1, 4 a
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);
-      const int row_counts[] = {0, 1, 4, 64, 3};
-      const RandomExpertGroup g = random_expert_group(rng, f, hidden, ffn, 70, row_counts);
+      const RandomExpertGroup g(rng, hidden, ffn, 70, {0, 1, 4, 64, 3}, same_format(f, 5));
       const auto want = g.run(*ref.dense);
       // Spot-check the reference against double precision on the 1-row expert.
       {

@@ -241,8 +241,7 @@ TEST_CASE("cpu_vnni expert_group: close to exact mode, batch- and thread-indepen
       CAPTURE(weight_format_name(f));
       CAPTURE(hidden);
       CAPTURE(ffn);
-      const int row_counts[] = {0, 1, 4, 64, 3};
-      const RandomExpertGroup g = random_expert_group(rng, f, hidden, ffn, 70, row_counts);
+      const RandomExpertGroup g(rng, hidden, ffn, 70, {0, 1, 4, 64, 3}, same_format(f, 5));
       const auto want = g.run(*ref.dense);
       const auto got = g.run(*vnni_experts().experts.front());
       if (f == WeightFormat::F32 || (f == WeightFormat::BF16 && !cpu_has_bf16())) {
@@ -268,7 +267,7 @@ TEST_CASE("cpu_vnni expert_group: close to exact mode, batch- and thread-indepen
         for (size_t r = 0; r < g.rows[e].size(); ++r) {
           std::vector<std::vector<int32_t>> single(5);
           single[e] = {g.rows[e][r]};
-          const auto alone = g.run(*vnni_experts().experts.front(), single);
+          const auto alone = g.run(*vnni_experts().experts.front(), &single);
           CHECK(std::memcmp(alone[e].data(), got[e].data() + r * hidden, hidden * 4) == 0);
         }
       }

@@ -153,55 +153,8 @@ constexpr double kExactTol = 1e-5;
 // W4A16: activations (x, then h) rounded to bf16 (relative error <= 2^-9 each); expected ~2e-3 normwise.
 constexpr double kW4A16NormTol = 1e-2;
 
-// A set of experts with routed rows, run on any backend.
-struct Group {
-  int64_t hidden = 0, ffn = 0, n_x = 0;
-  std::vector<float> x;
-  std::vector<HostMatrix> store;  // gate, up, down per expert
-  std::vector<ExpertMatrices> experts;
-  std::vector<std::vector<int32_t>> rows;
-
-  Group(std::mt19937& rng, int64_t h, int64_t f, int64_t nx, const std::vector<int>& row_counts,
-        const std::vector<std::pair<WeightFormat, WeightFormat>>& formats)  // (gate/up, down) per expert
-      : hidden(h), ffn(f), n_x(nx) {
-    x = random_vec(rng, static_cast<size_t>(nx * h));
-    const size_t n = row_counts.size();
-    store.reserve(3 * n);
-    for (size_t e = 0; e < n; ++e) {
-      store.push_back(random_matrix(rng, formats[e].first, f, h));
-      store.push_back(random_matrix(rng, formats[e].first, f, h));
-      store.push_back(random_matrix(rng, formats[e].second, h, f));
-    }
-    for (size_t e = 0; e < n; ++e)
-      experts.push_back({store[3 * e].view(), store[3 * e + 1].view(), store[3 * e + 2].view()});
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(nx - 1));
-    rows.resize(n);
-    for (size_t e = 0; e < n; ++e) {
-      for (int r = 0; r < row_counts[e]; ++r) rows[e].push_back(pick(rng));
-    }
-  }
-
-  std::vector<ExpertTask> tasks(std::vector<std::vector<float>>& out) const {
-    out.assign(experts.size(), {});
-    std::vector<ExpertTask> t;
-    for (size_t e = 0; e < experts.size(); ++e) {
-      out[e].assign(rows[e].size() * static_cast<size_t>(hidden), NAN);
-      t.push_back({&experts[e], rows[e], out[e].data()});
-    }
-    return t;
-  }
-
-  std::vector<std::vector<float>> run(const Backend& b) const {
-    std::vector<std::vector<float>> out;
-    const auto t = tasks(out);
-    b.expert_group(x.data(), n_x, hidden, t);
-    return out;
-  }
-};
-
-std::vector<std::pair<WeightFormat, WeightFormat>> same_format(WeightFormat f, size_t n) {
-  return std::vector<std::pair<WeightFormat, WeightFormat>>(n, {f, f});
-}
+// A set of experts with routed rows, run on any backend (tests/test_matrices.hpp).
+using Group = RandomExpertGroup;
 
 }  // namespace
 
