@@ -16,12 +16,7 @@ int cmd_bench(const ModelOptions& o, const BenchOptions& b) {
   const Model& m = *l.model;
   std::vector<std::string> experts;
   for (const auto& e : m.backends().experts) experts.emplace_back(e->name());
-  E2eOptions eo;
-  eo.prefill = b.prefill;
-  eo.decode = b.decode;
-  eo.reps = b.reps;
-  eo.warmup = b.warmup;
-  eo.seed = b.seed;
+  E2eOptions eo = b.run;
   eo.threads = l.config.scheduler.threads;
   const bool text = !b.json;
   if (text) {

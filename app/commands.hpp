@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "e2e.hpp"
 #include "strata/generation.hpp"
 #include "strata/model.hpp"
 #include "strata/registry.hpp"
@@ -72,8 +73,7 @@ int cmd_serve(const ModelOptions& o, const GenOptions& g, const ServeOptions& s)
 
 // strata bench (app/bench_command.cpp).
 struct BenchOptions {
-  int prefill = 64, decode = 32, reps = 3, warmup = 1;
-  uint64_t seed = 1;
+  E2eOptions run;     // prefill, decode, reps, warmup, seed (threads come from the config)
   bool json = false;  // one JSON object on stdout instead of text
 };
 int cmd_bench(const ModelOptions& o, const BenchOptions& b);

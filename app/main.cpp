@@ -117,19 +117,19 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand(
       "bench", "measure prefill and decode speed of a model under a config (random prompt, greedy decode)");
   add_model(bench, false, false);
-  bench->add_option("--prefill", bo.prefill, "prompt tokens, fed as one batch")
+  bench->add_option("--prefill", bo.run.prefill, "prompt tokens, fed as one batch")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  bench->add_option("--decode", bo.decode, "greedy decode steps after the prompt")
+  bench->add_option("--decode", bo.run.decode, "greedy decode steps after the prompt")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  bench->add_option("--reps", bo.reps, "measured repetitions (medians)")
+  bench->add_option("--reps", bo.run.reps, "measured repetitions (medians)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  bench->add_option("--warmup", bo.warmup, "repetitions run first, left out of the medians")
+  bench->add_option("--warmup", bo.run.warmup, "repetitions run first, left out of the medians")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  bench->add_option("--seed", bo.seed, "seed of the random prompt")->capture_default_str();
+  bench->add_option("--seed", bo.run.seed, "seed of the random prompt")->capture_default_str();
   bench->add_flag("--json", bo.json, "print one JSON object instead of text");
 
   TokenizeOptions to;
