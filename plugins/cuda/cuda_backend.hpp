@@ -108,14 +108,6 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // Every layer-kernel block waits for the preparation launch before it loads any weights, instead of
-  // loading its first two batches while the preparation runs (STRATA_CUDA_LAYER_WAIT_FIRST=1; off until
-  // measured: A/B of what the first wave's loads cost the preparation's latency).
-  bool layer_wait_first = false;
-  // At 1 n-tile (1-2 rows per expert), the layer kernel with three weight buffers per warp, so that two load
-  // batches are in flight while one runs (two buffers: one), in 3 blocks per SM, a block per tile
-  // (STRATA_CUDA_LAYER_DEEP=1; off until measured). Same results bit for bit.
-  bool layer_deep = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

@@ -462,9 +462,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
     settings_.layer_persistent = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_DEEP")) settings_.layer_deep = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_WAIT_FIRST"))
-    settings_.layer_wait_first = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
@@ -1128,8 +1125,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
-  put(p.layer && settings_.layer_wait_first);
-  put(p.layer && settings_.layer_deep);
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1225,8 +1220,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
-    lw.wait_first = settings_.layer_wait_first ? 1 : 0;
-    lw.deep = settings_.layer_deep ? 1 : 0;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

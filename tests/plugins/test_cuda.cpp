@@ -887,9 +887,8 @@ static void gpu_case_layer(const PluginRecord* rec,
       const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
       CAPTURE(hidden);
       CAPTURE(ffn);
-      // (odd hidden: at most 2 rows per expert, so one n-tile, where the DEEP instance runs: 5 and 3 / 0
-      // (2101 x 40), 4 and 2 / 0 (1601 x 40), 0 / 4 (131 x 1101), 0 / 5 (131 x 1301) load batches per warp
-      // through its three buffers)
+      // (odd hidden: at most 2 rows per expert, so one n-tile: 5 and 3 / 0 (2101 x 40), 4 and 2 / 0
+      // (1601 x 40), 0 / 4 (131 x 1101), 0 / 5 (131 x 1301) load batches per warp, with an odd K)
       const std::vector<int> counts = hidden == 256     ? std::vector<int>{1, 1, 1, 1, 1, 1, 1, 1}
                                       : hidden % 2 == 1 ? std::vector<int>{1, 2, 0, 2}
                                                         : std::vector<int>{1, 2, 0, 3};
@@ -990,8 +989,7 @@ TEST_CASE(
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
     // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per SM)
-    // and the B-ahead ones, each alone and persistent; three weight buffers at 1 n-tile (DEEP); every block
-    // waiting for the preparation before its first loads (WAIT_FIRST).
+    // and the B-ahead ones, each alone and persistent.
     using Env = std::vector<std::pair<const char*, const char*>>;
     // (The default is lean at 2 n-tiles only; LEAN=0 runs the B-ahead instances at every n-tile count.)
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
@@ -999,9 +997,7 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}},
-                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
-                         {{"STRATA_CUDA_LAYER_DEEP", "1"}},
-                         {{"STRATA_CUDA_LAYER_WAIT_FIRST", "1"}}};
+                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;

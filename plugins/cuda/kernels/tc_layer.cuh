@@ -96,10 +96,8 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// DEEP (1 n-tile, a block per tile): three weight buffers per warp (two batches loading while one runs)
-// in 3 blocks per SM.
-template <int FMT, int NT, bool LEAN = false, bool DEEP = false>
-__global__ void __launch_bounds__(kTcWarps * 32, DEEP ? 3 : tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
+template <int FMT, int NT, bool LEAN = false>
+__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
   grid_dep_launch();
@@ -109,8 +107,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, DEEP ? 3 : tc_min_blocks(kI8Spl
   const int n_grp = (lw.gu_tiles + 3) / 4;          // 64-row groups of h per item (the widest item's)
   int32_t* groups_ready = lw.sync + 1;              // per item: its down operand's groups encoded
   int32_t* tiles_done = lw.sync + 1 + lw.n_items;   // per item and group: gate/up tiles finished
-  // (wait_first: no weight loads before the preparation launch is done; A/B of what they cost its latency)
-  if (lw.wait_first) grid_dep_wait();
   if (threadIdx.x == 0) s_ticket = atomicAdd(lw.sync, 1);
   __syncthreads();
   int t = s_ticket;
@@ -129,7 +125,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, DEEP ? 3 : tc_min_blocks(kI8Spl
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, DEEP>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -157,7 +153,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, DEEP ? 3 : tc_min_blocks(kI8Spl
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, DEEP>(
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB>(
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
@@ -203,16 +199,10 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); lw.deep at 1 n-tile: the DEEP
-// instance, a block per tile whatever lw.persistent.
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  if (nt == 1 && lw.deep) {
-    LayerWork one = lw;
-    one.persistent = 0;
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, true>>(one, on);
-  }
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);

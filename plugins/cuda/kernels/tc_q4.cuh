@@ -57,33 +57,6 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
   return (nt <= 1 ? 5 : nt <= 2 ? 4 : 3) - (gate_up || nt > 2 ? 0 : 1);
 }
 
-// The weight pipeline through three register buffers (the layer kernel's DEEP instances; no batches primed by
-// a tile before): batches 0-2 are requested before wait_inputs, then each buffer's next batch right after the
-// batch it held ran, so two batches load while one runs (two buffers: one). Same order of arithmetic.
-template <class W, class LoadW, class Wait, class First, class Run>
-__device__ __forceinline__ void run_batches3(int nb, W& wa, W& wb, W& wc, float4 (&sa)[2], float4 (&sb)[2],
-                                             float4 (&sc)[2], LoadW&& load_w, Wait&& wait_inputs, First&& first,
-                                             Run&& run) {
-  if (nb > 0) load_w(wa, sa);
-  if (nb > 1) load_w(wb, sb);
-  if (nb > 2) load_w(wc, sc);
-  wait_inputs();
-  if (nb <= 0) return;
-  first();
-  for (int bi = 0; bi < nb; bi += 3) {
-    run(wa, sa, bi + 1 == nb);
-    if (bi + 3 < nb) load_w(wa, sa);
-    if (bi + 1 < nb) {
-      run(wb, sb, bi + 2 == nb);
-      if (bi + 4 < nb) load_w(wb, sb);
-    }
-    if (bi + 2 < nb) {
-      run(wc, sc, bi + 3 == nb);
-      if (bi + 5 < nb) load_w(wc, sc);
-    }
-  }
-}
-
 // The weight pipeline of both modes: a warp's nb batches through two register buffers (wa/sa, wb/sb: weights,
 // and their Q4_G64 scales). Batches 0 and 1 are requested before waiting for the previous kernel (the
 // operand's producer; wait_inputs(), called by every warp of the block): with a dependent launch they load
@@ -234,8 +207,6 @@ __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2]
 struct I8Regs {
   uint4 wa[2][2], wb[2][2];
   float4 sa[2], sb[2];
-  uint4 wc[2][2];  // (the third buffer of the DEEP instances; unused, so allocated no register, in the others)
-  float4 sc[2];
 };
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
 template <int FMT, bool GATE_UP>
@@ -280,10 +251,9 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
-// registers (by default up to 2 n-tiles); without, just before their k-steps. DEEP (exact mode, nothing
-// primed by a carry): three weight buffers (run_batches3) instead of two.
-template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool DEEP = false,
-          class Wait, class Carry = NoCarry>
+// registers (by default up to 2 n-tiles); without, just before their k-steps.
+template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), class Wait,
+          class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -441,22 +411,12 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     if constexpr (!std::decay_t<Carry>::kOn) {
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if constexpr (DEEP) {
-      R.sc[0] = R.sc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      run_batches3(
-          nb, R.wa, R.wb, R.wc, R.sa, R.sb, R.sc, load_w, wait_inputs,
-          [&] {
-            if (kAheadB) load_b(bc, mc);
-          },
-          run_batch);
-    } else {
-      run_batches(
-          nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped>(st); }, carry.primed(), wait_inputs,
-          [&] {
-            if (kAheadB) load_b(bc, mc);
-          },
-          run_batch, [&] { carry.near_end(); });
-    }
+    run_batches(
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped>(st); }, carry.primed(), wait_inputs,
+        [&] {
+          if (kAheadB) load_b(bc, mc);
+        },
+        run_batch, [&] { carry.near_end(); });
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
