@@ -389,6 +389,8 @@ int main(int argc, char** argv) {
         int persistent;
         int lean;  // Settings::layer_lean: -1 auto (lean at 2 n-tiles), 0 never, 1 always
         int min_rows, max_rows;
+        bool share = true;      // Settings::share_operands
+        bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
       // the default, A/B in every run; "lean": its instances with one block more per SM
@@ -411,6 +413,8 @@ int main(int argc, char** argv) {
           {pb < 0 ? "" : mode_name(pb), 0, false, true, true, true, pb, ld, 1, 8},
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
+          {"tensor cores, exact, unshared", 0, false, true, true, true, pd, ld, 1, 4, false},
+          {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true, true},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -427,10 +431,13 @@ int main(int argc, char** argv) {
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
         b.settings().layer_lean = v.lean;
+        b.settings().share_operands = v.share;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows < v.min_rows || rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
             continue;  // A/B rows: full runs only
-          std::vector<float> x(static_cast<size_t>(rows * H));
+          // (own tokens: expert e of a layer reads tokens e * rows .. e * rows + rows - 1 of x)
+          const int x_rows = v.distinct ? rows * layer_experts : rows;
+          std::vector<float> x(static_cast<size_t>(x_rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
           for (auto& v : x) v = nd(rng);
           std::vector<Group> gs(static_cast<size_t>(layers));
@@ -438,13 +445,13 @@ int main(int argc, char** argv) {
             for (int e = 0; e < layer_experts; ++e) {
               gs[static_cast<size_t>(l)].expert.push_back(l * layer_experts + e);
               std::vector<int32_t> r(static_cast<size_t>(rows));
-              for (int i = 0; i < rows; ++i) r[static_cast<size_t>(i)] = i;
+              for (int i = 0; i < rows; ++i) r[static_cast<size_t>(i)] = (v.distinct ? e * rows : 0) + i;
               gs[static_cast<size_t>(l)].rows.push_back(r);
             }
             gs[static_cast<size_t>(l)].finalize(vp, H);
           }
-          const double ms = time_groups(b, gs, x, rows, H, rounds);
-          const double qms = time_groups(b, gs, x, rows, H, rounds, 100);
+          const double ms = time_groups(b, gs, x, x_rows, H, rounds);
+          const double qms = time_groups(b, gs, x, x_rows, H, rounds, 100);
           const double gbs = layer_bytes / (ms * 1e-3) / 1e9;
           const double qgbs = layer_bytes / (qms * 1e-3) / 1e9;
           fmt::print("{:<31} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name,
@@ -456,6 +463,7 @@ int main(int argc, char** argv) {
       b.settings().layer_kernel = true;
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;
+      b.settings().share_operands = true;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

@@ -9,8 +9,9 @@
 # often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
 # with --latency the issue -> take wall medians, with STRATA_CUDA_TRACE=1 the host's laps per one-token issue;
-# "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default): bench_cuda's rows of the
-# layer kernel's other modes, measured in the same process) and
+# "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default), "[unshared]" (an
+# operand per expert), "[own tokens]" (each expert its own rows): bench_cuda's rows of the layer kernel's other
+# modes, measured in the same process) and
 # logs.tgz (test_cuda.log and every bench log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +34,8 @@ for pass in $(seq 1 "${PASSES:-2}"); do
     rc=$?
     took=$((SECONDS - start))
     q=$(awk '/^tensor cores, exact/ && $(NF-6) <= 8 {
-               printf "%s%s rows %s us (%s) ", (/persistent|tile\/block|lean|B-ahead/ ? "[" $4 "] " : ""), $(NF-6), $(NF-1), $NF}' "$out/$log")
+               name = substr($0, 1, 31); sub(/ +$/, "", name)
+               printf "%s%s rows %s us (%s) ", (name ~ /default/ ? "" : "[" substr(name, 22) "] "), $(NF-6), $(NF-1), $NF}' "$out/$log")
     # --latency: the issue -> take wall medians (poll 2 ms) back to back and after 1 ms idle
     l=$(awk '/^back to back|^after 1 ms idle/ { printf "%s: %s us; ", ($1 == "back" ? "back to back" : "after 1 ms"), $(NF-9) }' "$out/$log")
     # STRATA_CUDA_TRACE=1: the host's laps per one-token issue (the trace prints them when a backend closes)
