@@ -108,12 +108,6 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // Chunks of one gate_up launch class with the same rows (the same token indices in the same order) share
-  // one input operand: the first is encoded, the others read it. At decode every routed expert has the one
-  // token, so a layer encodes one operand instead of top_k, and every gate/up block reads the same B values
-  // (L1-resident) instead of its expert's own copy through L2. Same bits (the same bytes).
-  // STRATA_CUDA_SHARE=0: an operand per chunk (A/B).
-  bool share_operands = true;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

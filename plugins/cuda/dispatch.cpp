@@ -302,8 +302,6 @@ struct PlanScratch {
   std::vector<uint64_t> task_rows_at, y_task;
   std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
   ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
-  std::vector<int> same_in;   // per chunk: the earlier chunk whose input operand it reads, or -1
-  std::vector<uint64_t> row_hash;  // per chunk: a hash of its class and rows (finding same_in)
 };
 
 // A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
@@ -464,7 +462,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
     settings_.layer_persistent = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
-  if (const char* v = std::getenv("STRATA_CUDA_SHARE")) settings_.share_operands = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
@@ -807,38 +804,10 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.head_bytes = lay.cursor;
 
-  // Chunks of one gate_up class with the same rows read one input operand (Settings::share_operands):
-  // same_in.
-  std::vector<int>& same_in = sc.same_in;
-  same_in.assign(chunks.size(), -1);
-  if (settings_.share_operands && chunks.size() > 1) {
-    std::vector<uint64_t>& hashes = sc.row_hash;
-    hashes.assign(chunks.size(), 0);
-    auto rows_of = [&](const Chunk& c) {
-      return p.rows.data() + task_rows_at[static_cast<size_t>(c.task)] + static_cast<size_t>(c.start);
-    };
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const Chunk& c = chunks[i];
-      uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(c.n);  // FNV-1a over n and the rows
-      const int32_t* r = rows_of(c);
-      for (int k = 0; k < c.n; ++k) h = (h ^ static_cast<uint32_t>(r[k])) * 1099511628211ull;
-      hashes[i] = h;
-      for (size_t j = 0; j < i; ++j) {
-        const Chunk& d = chunks[j];
-        if (same_in[j] < 0 && hashes[j] == h && d.n == c.n && d.gu == c.gu &&
-            std::equal(r, r + c.n, rows_of(d))) {
-          same_in[i] = static_cast<int>(j);
-          break;
-        }
-      }
-    }
-  }
-
   // Per chunk: its operands and h (Chunk::in_off ..).
   const int64_t hp = padded_cols(hidden);
   int64_t max_prep = 0;
-  for (size_t ci = 0; ci < chunks.size(); ++ci) {
-    Chunk& c = chunks[ci];
+  for (Chunk& c : chunks) {
     const int64_t fp = padded_cols(c.gate.dm.rows);
     const int64_t in_cols = c.gu.tc ? 8 * c.gu_nt : c.n;
     const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
@@ -848,7 +817,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     c.h_bytes = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, c.dn_nt, fp)
                                   : static_cast<uint64_t>(c.n * h_ld) * 4;
-    c.in_off = same_in[ci] >= 0 ? chunks[static_cast<size_t>(same_in[ci])].in_off : lay.take(in_bytes);
+    c.in_off = lay.take(in_bytes);
     c.h_off = lay.take(c.h_bytes);
     if (dn_i8) {
       c.dn_op_off = lay.take(tc_operand_bytes(kI8Splits, c.dn_nt, fp));
@@ -934,19 +903,17 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   emit(true);
   p.first_down_launch = p.launches.size();
   emit(false);
-  for (size_t ci = 0; ci < chunks.size(); ++ci) {
-    const Chunk& c = chunks[ci];
-    const bool shared = same_in[ci] >= 0;  // (its operand is an earlier chunk's: the job only clears h)
+  for (const Chunk& c : chunks) {
     JobSpec j;
     j.rows_off =
         p.rows_off + (task_rows_at[static_cast<size_t>(c.task)] + static_cast<uint64_t>(c.start)) * 4;
     j.x_ld = hidden;
     j.row0 = 0;
-    j.n_tok = shared ? 0 : c.n;
+    j.n_tok = c.n;
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
-    j.ncols = shared ? 0 : c.gu.tc ? 8 * c.gu_nt : c.n;
+    j.ncols = c.gu.tc ? 8 * c.gu_nt : c.n;
     j.dst_off = c.in_off;
     j.zero_off = c.h_off;
     j.zero_bytes = static_cast<int64_t>(c.h_bytes);

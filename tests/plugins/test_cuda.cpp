@@ -606,56 +606,6 @@ TEST_CASE("cuda expert_group: mixed formats in one group and within one expert")
   }
 }
 
-// Experts of one launch class with the same rows read one input operand (Settings::share_operands): the same
-// bits as an operand per expert (STRATA_CUDA_SHARE=0), within 1e-5 of cpu_generic. Rows equal as a set but in
-// another order, or equal in another launch class (another format, the W4A16 path), are not shared; a group
-// of one format only (the layer kernel) and mixed groups (separate launches), with the gemv kernels too.
-static void gpu_case_share(const PluginRecord* rec) {
-  auto ref = cpu_reference();
-  std::mt19937 rng(77);
-  using F = WeightFormat;
-  // (format of expert e: the first five Q4_G64, then Q4_ROW, F32, Q4_G64 with 16 rows)
-  const std::vector<std::vector<int32_t>> rows = {
-      {2}, {2}, {4}, {1, 3}, {3, 1}, {2}, {2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}};
-  const std::vector<std::pair<F, F>> mixed = {
-      {F::Q4_G64, F::Q4_G64}, {F::Q4_G64, F::Q4_G64}, {F::Q4_G64, F::Q4_G64}, {F::Q4_G64, F::Q4_G64},
-      {F::Q4_G64, F::Q4_G64}, {F::Q4_ROW, F::Q4_ROW}, {F::F32, F::F32},       {F::Q4_G64, F::Q4_G64}};
-  struct Mode {
-    const char* var;
-    const char* value;
-  };
-  for (const Mode& m : {Mode{"STRATA_CUDA_LAYER", "1"}, Mode{"STRATA_CUDA_GEMV_MAX_ROWS", "8"},
-                        Mode{"STRATA_CUDA_W4A16_MIN_ROWS", "16"}}) {
-    CAPTURE(m.var);
-    auto shared = make_cuda_with_env(*rec, m.var, m.value);
-    auto own = make_cuda_with_envs(*rec, {{m.var, m.value}, {"STRATA_CUDA_SHARE", "0"}});
-    for (bool one_format : {true, false}) {
-      CAPTURE(one_format);
-      const size_t n = one_format ? 5 : rows.size();
-      const std::vector<std::vector<int32_t>> rs(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(n));
-      const Group grp(
-          rng, 300, 200, 16, std::vector<int>(n, 1),
-          std::vector<std::pair<F, F>>(mixed.begin(), mixed.begin() + static_cast<std::ptrdiff_t>(n)));
-      const auto want = grp.run(*ref, &rs);
-      const auto a = grp.run(*shared, &rs);
-      const auto b = grp.run(*own, &rs);
-      for (size_t e = 0; e < n; ++e) {
-        CAPTURE(e);
-        CHECK(std::memcmp(a[e].data(), b[e].data(), b[e].size() * 4) == 0);
-        const bool w4 = rs[e].size() >= 16 && std::string(m.var) == "STRATA_CUDA_W4A16_MIN_ROWS";
-        if (!w4) CHECK(rel_err(a[e].data(), want[e].data(), want[e].size()) <= kExactTol);
-      }
-    }
-  }
-}
-
-TEST_CASE("cuda expert_group: experts with the same rows share one input operand, same bits") {
-  for (const PluginRecord* rec : cuda_backends()) {
-    CAPTURE(rec->name);
-    gpu_case_share(rec);
-  }
-}
-
 static void gpu_case_4(const PluginRecord* rec) {
   auto ref = cpu_reference();
   auto exact = make_backend(*rec);

@@ -9,8 +9,8 @@
 # often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
 # with --latency the issue -> take wall medians, with STRATA_CUDA_TRACE=1 the host's laps per one-token issue;
-# "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default), "[unshared]" (an
-# operand per expert), "[own tokens]" (each expert its own rows): bench_cuda's rows of the layer kernel's other
+# "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default), "[own tokens]" (each
+# expert its own rows, not the same ones): bench_cuda's rows of the layer kernel's other
 # modes, measured in the same process) and
 # logs.tgz (test_cuda.log and every bench log).
 set -uo pipefail

@@ -14,7 +14,7 @@ out_default=/tmp/layer_ncu
 TESTS=${TESTS:-0}
 . tools/device/bench_setup.sh
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-IFS=';' read -ra kernels <<< "${NCU_KERNEL:-tc_q4_layer_kernel<.int.4, .int.1, .bool.0, .bool.0>;tc_q4_layer_kernel<.int.4, .int.2, .bool.1, .bool.0>}"
+IFS=';' read -ra kernels <<< "${NCU_KERNEL:-tc_q4_layer_kernel<.int.4, .int.1, .bool.0>;tc_q4_layer_kernel<.int.4, .int.2, .bool.1>}"
 metrics=dram__bytes_read.sum,lts__t_bytes.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum,l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sector_hit_rate.pct,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_executed.sum
 for i in "${!kernels[@]}"; do
   timeout 240 "$ncu" --kernel-name-base demangled -k "regex:${kernels[$i]}" --launch-skip "${NCU_SKIP:-2}" \
