@@ -390,7 +390,6 @@ int main(int argc, char** argv) {
         int lean;  // Settings::layer_lean: -1 auto (lean at 2 n-tiles), 0 never, 1 always
         int min_rows, max_rows;
         bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
-        bool paired = false;    // Settings::layer_paired (with lean)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
       // the default, A/B in every run; "lean": its instances with one block more per SM
@@ -414,7 +413,6 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true},
-          {"tensor cores, exact, paired", 0, false, true, true, true, pd, 1, 1, 4, false, true},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -431,7 +429,6 @@ int main(int argc, char** argv) {
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
         b.settings().layer_lean = v.lean;
-        b.settings().layer_paired = v.paired;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows < v.min_rows || rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
             continue;  // A/B rows: full runs only
@@ -463,7 +460,6 @@ int main(int argc, char** argv) {
       b.settings().layer_kernel = true;
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;
-      b.settings().layer_paired = false;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

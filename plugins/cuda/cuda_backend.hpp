@@ -108,11 +108,6 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // A/B, off: in the lean layer-kernel instances, each gate/up warp takes both matrices over a quarter of K
-  // instead of one matrix over half, so every B value it loads feeds both (half the L1 traffic of B at 2
-  // n-tiles). Another K split, so other bits than the separate launches (equal for prefill and decode still).
-  // STRATA_CUDA_LAYER_PAIRED=1 (with STRATA_CUDA_LAYER_LEAN=1 at 1 n-tile).
-  bool layer_paired = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

@@ -293,9 +293,6 @@ struct Plan {
   // LayerWork's counters at sync_off (sync_bytes in the head, at an offset that does not depend on the token
   // count; zero in the pinned head, so that the head's copy clears them before each launch).
   bool layer = false;
-  // The layer kernel's gate/up warps paired (Settings::layer_paired; every gate/up item's two matrices of one
-  // layout, as the paired stream assumes).
-  bool paired = false;
   uint64_t sync_off = 0, sync_bytes = 0;
 };
 
@@ -465,7 +462,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PERSISTENT")) {
     settings_.layer_persistent = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_PAIRED")) settings_.layer_paired = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
@@ -946,10 +942,6 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items);
-    p.paired = p.layer && settings_.layer_paired && layer_lean_for(gu.nt);
-    for (size_t i = 0; p.paired && i < static_cast<size_t>(gu.n_items); ++i) {
-      p.paired = p.items[i].w0.dm.layout == p.items[i].w1.dm.layout;
-    }
   }
 }
 
@@ -1133,7 +1125,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
-  put(p.layer && p.paired);
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1229,7 +1220,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
-    lw.paired = p.paired ? 1 : 0;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

@@ -861,10 +861,9 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
 // the separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats,
 // odd shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8
 // experts of the same row (as at decode); several threads with layer kernels in flight at once on one device.
-// The layer kernel's mode: its environment settings (var, value). same_bits: false for a mode with another K
-// split (paired warps), which is then held to cpu_generic's tolerance only.
-static void gpu_case_layer(const PluginRecord* rec, const std::vector<std::pair<const char*, const char*>>& env,
-                           bool same_bits = true) {
+// The layer kernel's mode: its environment settings (var, value).
+static void gpu_case_layer(const PluginRecord* rec,
+                           const std::vector<std::pair<const char*, const char*>>& env) {
   auto layer = make_cuda_with_envs(*rec, env);
   auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
   auto ref = cpu_reference();
@@ -923,7 +922,7 @@ static void gpu_case_layer(const PluginRecord* rec, const std::vector<std::pair<
         layer->expert_group(grp.x.data(), grp.n_x, grp.hidden, tasks);
         for (size_t e = 0; e < experts.size(); ++e) {
           CAPTURE(e);
-          if (same_bits) CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+          CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
           CHECK(rel_err(got[e].data(), cpu[e].data(), cpu[e].size()) <= kExactTol);
         }
       }
@@ -935,7 +934,7 @@ static void gpu_case_layer(const PluginRecord* rec, const std::vector<std::pair<
   {
     const Group one(rng, 130, 48, 3, {2}, same_format(WeightFormat::Q4_G64, 1));
     const auto a = one.run(*passes), b = one.run(*layer), c = one.run(*ref);
-    if (same_bits) CHECK(std::memcmp(a[0].data(), b[0].data(), a[0].size() * 4) == 0);
+    CHECK(std::memcmp(a[0].data(), b[0].data(), a[0].size() * 4) == 0);
     CHECK(rel_err(b[0].data(), c[0].data(), c[0].size()) <= kExactTol);
   }
   // Experts of different widths in one group (the narrower one's last tiles are past its rows; 40 rows: a
@@ -958,14 +957,13 @@ static void gpu_case_layer(const PluginRecord* rec, const std::vector<std::pair<
     const auto a = run(*passes), b = run(*layer), c = run(*ref);
     for (size_t k = 0; k < 4; ++k) {
       CAPTURE(k);
-      if (same_bits) CHECK(std::memcmp(a[k].data(), b[k].data(), a[k].size() * 4) == 0);
+      CHECK(std::memcmp(a[k].data(), b[k].data(), a[k].size() * 4) == 0);
       CHECK(rel_err(b[k].data(), c[k].data(), c[k].size()) <= kExactTol);
     }
   }
-  // Layer kernels of several threads' groups in flight at once (each slot has its own stream); !same_bits:
-  // the bits of one group alone.
+  // Layer kernels of several threads' groups in flight at once (each slot has its own stream).
   const Group grp(rng, 512, 256, 4, {1, 1, 2, 1, 1, 1}, same_format(WeightFormat::Q4_G64, 6));
-  const auto want = grp.run(same_bits ? *passes : *layer);
+  const auto want = grp.run(*passes);
   std::vector<std::thread> threads;
   std::vector<int> ok(6, 0);
   for (int t = 0; t < 6; ++t) {
@@ -1005,18 +1003,6 @@ TEST_CASE(
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
       gpu_case_layer(rec, env);
-    }
-    // Paired gate/up warps (lean instances; alone and persistent): another K split, so cpu_generic's
-    // tolerance.
-    const Env paired[] = {{{"STRATA_CUDA_LAYER_PAIRED", "1"}, {"STRATA_CUDA_LAYER_LEAN", "1"}},
-                          {{"STRATA_CUDA_LAYER_PAIRED", "1"},
-                           {"STRATA_CUDA_LAYER_LEAN", "1"},
-                           {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
-    for (const Env& env : paired) {
-      std::string mode;
-      for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
-      CAPTURE(mode);
-      gpu_case_layer(rec, env, false);
     }
   }
 }

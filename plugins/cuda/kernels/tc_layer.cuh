@@ -32,12 +32,12 @@ namespace strata_cuda {
 
 // The first two batches of the tile of ticket t into r (none past the last ticket or past its item's rows);
 // how many.
-template <int FMT, bool PAIRED>
+template <int FMT>
 __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return prime_i8_tile<FMT, true, PAIRED>(lw.items[i], t - i * lw.gu_tiles, r);
+    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
@@ -60,7 +60,7 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-template <int FMT, bool PAIRED>
+template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
   const LayerWork& lw;
@@ -81,7 +81,7 @@ struct LayerCarry {
   __device__ __forceinline__ void refill() {
     if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
     next_all = *s_next;
-    primed_ = prime_layer_tile<FMT, PAIRED>(lw, next_all, r);
+    primed_ = prime_layer_tile<FMT>(lw, next_all, r);
   }
   __device__ __forceinline__ void skip() {  // a tile past its item's rows (a narrower item than the widest)
     before_stage();  // (near_end was never reached)
@@ -96,12 +96,8 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// PAIRED (lean instances): the gate/up tiles' warps each take both matrices over a quarter of K
-// (TileShape), so every B value loaded feeds both; another K split, so not the bits of the separate launches.
-// (Paired warps hold both matrices' accumulators and streams: their instances ask the B-ahead ones' blocks
-// per SM, which leaves them no spills, sm_90.)
-template <int FMT, int NT, bool LEAN = false, bool PAIRED = false>
-__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN && !PAIRED ? 1 : 0))
+template <int FMT, int NT, bool LEAN = false>
+__global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
   grid_dep_launch();
@@ -126,10 +122,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    LayerCarry<FMT, PAIRED> carry{lw, regs, primed, &s_ticket, -1, n_all};
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, PAIRED>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -203,13 +199,10 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); lean and lw.paired: its PAIRED
-// instance.
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  if (nt == 1 && lean && lw.paired) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true, true>>(lw, on);
-  if (nt == 2 && lean && lw.paired) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, true>>(lw, on);
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);

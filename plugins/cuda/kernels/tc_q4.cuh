@@ -100,16 +100,12 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
 // [g_first, n_groups), whole batches of U. Depends on the shape only. false: the tile is past the item's rows
 // (the whole block).
 // The block's 4 warps: kParts parts x KS K slices. gate/up: one 16-row tile, part = matrix (gate, up), 2
-// slices; linear: kTcLinearTiles 16-row tiles, part = tile. PAIRED (exact gate/up): one part, both matrices in
-// every warp over 4 K slices, so each B value loaded feeds the gate and the up rows; a load batch is one
-// unit of each matrix (U = 2 groups), the same bytes as two units of one.
-template <bool GATE_UP, bool PAIRED = false>
+// slices; linear: kTcLinearTiles 16-row tiles, part = tile.
+template <bool GATE_UP>
 struct TileShape {
-  static_assert(GATE_UP || !PAIRED, "paired warps in gate/up tiles only");
-  static constexpr int kParts = PAIRED ? 1 : GATE_UP ? 2 : kTcLinearTiles;
+  static constexpr int kParts = GATE_UP ? 2 : kTcLinearTiles;
   static constexpr int KS = kTcWarps / kParts;
-  static constexpr int U = PAIRED ? 2 : 4;  // 64-column groups per load batch
-  static constexpr int kMats = PAIRED ? 2 : 1;  // matrices per warp
+  static constexpr int U = 4;  // 64-column groups per load batch
   static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
 };
 struct WarpSlice {
@@ -117,9 +113,9 @@ struct WarpSlice {
   int m0, part, n_groups_all, g_first, n_groups;
   int rows[2];
 };
-template <bool GATE_UP, bool PAIRED = false>
+template <bool GATE_UP>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
-  using Sh = TileShape<GATE_UP, PAIRED>;
+  using Sh = TileShape<GATE_UP>;
   const int rows_out = it.w0.rows;
   ws.part = warp / Sh::KS;
   ws.m0 = bx * (GATE_UP ? kTcRowsPerBlock : Sh::kParts * kTcRowsPerBlock);
@@ -145,9 +141,6 @@ struct WeightStream {
   int32_t w_d, s_d;
   int w_u;
   bool scales_x4;  // a batch's U scales per row as one 16-byte load
-  // PAIRED: the same for the up matrix (same shape and layout, so the same w_d, s_d, w_u)
-  const uint8_t* w1;
-  const float* s1;
 };
 template <bool kGrouped>
 __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q) {
@@ -165,16 +158,6 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
   st.s_d = static_cast<int32_t>(sp[1] - sp[0]);
   st.scales_x4 = (ws.n_groups_all & 3) == 0;
   st.w0 = wbase + q4_row_byte(mat, ws.rows[0], q * 8 + ws.g_first * 32);
-  st.w1 = nullptr;
-  st.s1 = nullptr;
-  return st;
-}
-// PAIRED: the stream of both matrices of a gate/up item (it.w0's layout and shape, it.w1 beside it).
-template <bool kGrouped>
-__device__ __forceinline__ WeightStream weight_stream2(const WorkItem& it, const WarpSlice& ws, int q) {
-  WeightStream st = weight_stream<kGrouped>(ws, q);
-  st.w1 = static_cast<const uint8_t*>(it.w1.data) + q4_row_byte(it.w1, ws.rows[0], q * 8 + ws.g_first * 32);
-  st.s1 = it.w1.scales + (kGrouped ? static_cast<int64_t>(ws.rows[0]) * ws.n_groups_all + ws.g_first : ws.rows[0]);
   return st;
 }
 
@@ -219,33 +202,6 @@ __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2]
   skip_i8_batch<kGrouped>(st);
 }
 
-// PAIRED: a batch is one unit of rows g, g + 8 of each matrix: wv[m][r], and sv[r] = the unit's two Q4_G64
-// scales of row r of the gate (x, y) and of the up matrix (z, w).
-template <bool kGrouped>
-__device__ __forceinline__ void skip_i8_batch2(WeightStream& st) {
-  st.w0 += st.w_u;
-  st.w1 += st.w_u;
-  if (kGrouped) {
-    st.s0 += 2;
-    st.s1 += 2;
-  }
-}
-template <bool kGrouped>
-__device__ __forceinline__ void load_i8_batch2(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
-  wv[0][0] = ld_unit_row(st.w0, true);
-  wv[0][1] = ld_unit_row(st.w0 + st.w_d, true);
-  wv[1][0] = ld_unit_row(st.w1, true);
-  wv[1][1] = ld_unit_row(st.w1 + st.w_d, true);
-  if (kGrouped) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const float *a = st.s0 + rr * st.s_d, *b = st.s1 + rr * st.s_d;
-      sv[rr] = make_float4(__ldg(a), __ldg(a + 1), __ldg(b), __ldg(b + 1));
-    }
-  }
-  skip_i8_batch2<kGrouped>(st);
-}
-
 // The exact-mode weight registers of a warp: two batches (see run_batches). The persistent layer kernel keeps
 // them across tiles, so a block loads its next tile's first batches before its current tile's epilogue.
 struct I8Regs {
@@ -253,22 +209,16 @@ struct I8Regs {
   float4 sa[2], sb[2];
 };
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
-template <int FMT, bool GATE_UP, bool PAIRED = false>
+template <int FMT, bool GATE_UP>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, PAIRED>(it, bx, warp, lane >> 2, ws)) return 0;
+  if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return 0;
   constexpr bool kGrouped = FMT == kQ4G64;
-  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP, PAIRED>::U;
-  if constexpr (PAIRED) {
-    WeightStream st = weight_stream2<kGrouped>(it, ws, lane & 3);
-    if (nb > 0) load_i8_batch2<kGrouped>(r.wa, r.sa, st);
-    if (nb > 1) load_i8_batch2<kGrouped>(r.wb, r.sb, st);
-  } else {
-    WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
-    if (nb > 0) load_i8_batch<kGrouped>(r.wa, r.sa, st);
-    if (nb > 1) load_i8_batch<kGrouped>(r.wb, r.sb, st);
-  }
+  WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
+  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
+  if (nb > 0) load_i8_batch<kGrouped>(r.wa, r.sa, st);
+  if (nb > 1) load_i8_batch<kGrouped>(r.wb, r.sb, st);
   return imin(nb, 2);
 }
 
@@ -301,10 +251,9 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
-// registers (by default up to 2 n-tiles); without, just before their k-steps. PAIRED (exact gate/up, B at
-// use): every warp both matrices over a quarter of K (TileShape), so each B load feeds both.
-template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool PAIRED = false,
-          class Wait, class Carry = NoCarry>
+// registers (by default up to 2 n-tiles); without, just before their k-steps.
+template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), class Wait,
+          class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -312,19 +261,16 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   constexpr bool kI8 = S == kI8Splits;
   static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  using Shape = TileShape<GATE_UP, PAIRED>;
-  constexpr int kParts = Shape::kParts;
-  constexpr int KS = Shape::KS;
-  constexpr int U = Shape::U;
-  constexpr int kMats = Shape::kMats;
+  constexpr int kParts = TileShape<GATE_UP>::kParts;
+  constexpr int KS = TileShape<GATE_UP>::KS;
+  constexpr int U = TileShape<GATE_UP>::U;
   constexpr bool kGrouped = FMT == kQ4G64;
-  static_assert(!PAIRED || (kI8 && !AHEAD_B), "paired warps: exact mode, B at use");
 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, PAIRED>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
+  if (!warp_slice<GATE_UP>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
     carry.skip();
     return;
   }
@@ -332,7 +278,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int kp = it.w0.kp;
   const int n_groups_all = ws.n_groups_all;
   const int g_first = ws.g_first, n_groups = ws.n_groups;
-  WeightStream st = PAIRED ? weight_stream2<kGrouped>(it, ws, q) : weight_stream<kGrouped>(ws, q);
+  WeightStream st = weight_stream<kGrouped>(ws, q);
   // This thread's B column is g of each n-tile.
   constexpr int kElem = kI8 ? 1 : 2;  // bytes per operand element
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g) * kp * kElem;
@@ -348,14 +294,11 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
 #pragma unroll
   for (int t = 0; t < NT; ++t) live[t] = NT > 1 || t * 8 + g < it.n_tok * kColsPerTok;
 
-  float accs[kMats][NT][4];  // per matrix of the warp (PAIRED: gate, up)
+  float acc[NT][4];
 #pragma unroll
-  for (int m = 0; m < kMats; ++m)
+  for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) accs[m][t][i] = 0.0f;
-  float(&acc)[NT][4] = accs[0];
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
   // The conversion constant (bf16: 0x43004300, see q4_pair_bf16x2; int8: 0x80808080, see q4_i8_bytes), or'ed
   // with a zero the compiler cannot prove (n_tok is never negative), so that it stays in a register.
   const uint32_t magic = (kI8 ? 0x80808080u : 0x43004300u) | (static_cast<uint32_t>(it.n_tok) >> 31);
@@ -390,7 +333,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
-    constexpr int UN = PAIRED ? 2 : U / 2;  // units per batch (PAIRED: one of each matrix)
+    constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
     // of its group k (rows g, g + 8); b(t, k) the B values of n-tile t for group k's two k-steps; mult[t][k];
@@ -447,48 +390,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
     auto from_n = [&](int t, int h) { return bn[t][h]; };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
-    // PAIRED: one unit of both matrices: w[m][r] rows g, g + 8 of matrix m; sg[m][k], sh[m][k] the scales of
-    // its group k. Each n-tile's and group's B values are loaded once and feed both matrices' mma.
-    auto mma_unit2 = [&](const uint4 (&w)[2][2], const float (&sg)[2][2], const float (&sh)[2][2], auto&& b,
-                         const float (&mult)[NT][2], bool two) {
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          if (k == 1 && !two) break;  // warp-uniform
-          const uint4 bv = b(t, k);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            int32_t c[4];
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const uint32_t wg = k == 0 ? (j == 0 ? w[m][0].x : w[m][0].y) : (j == 0 ? w[m][0].z : w[m][0].w);
-              const uint32_t wh = k == 0 ? (j == 0 ? w[m][1].x : w[m][1].y) : (j == 0 ? w[m][1].z : w[m][1].w);
-              const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
-              const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
-              const uint32_t b0 = j == 0 ? bv.x : bv.z, b1 = j == 0 ? bv.y : bv.w;
-              if (j == 0) {
-                mma_s8_16832(c, a0, a1, a2, a3, b0, b1, 0, 0, 0, 0);
-              } else {
-                mma_s8_16832(c, a0, a1, a2, a3, b0, b1, c[0], c[1], c[2], c[3]);
-              }
-            }
-            const float f0 = kGrouped ? sg[m][k] * mult[t][k] : mult[t][k];
-            const float f1 = kGrouped ? sh[m][k] * mult[t][k] : mult[t][k];
-            accs[m][t][0] = fmaf(f0, static_cast<float>(c[0]), accs[m][t][0]);
-            accs[m][t][1] = fmaf(f0, static_cast<float>(c[1]), accs[m][t][1]);
-            accs[m][t][2] = fmaf(f1, static_cast<float>(c[2]), accs[m][t][2]);
-            accs[m][t][3] = fmaf(f1, static_cast<float>(c[3]), accs[m][t][3]);
-          }
-        }
-      }
-    };
-    auto run_batch2 = [&](const uint4 (&wv)[2][2], const float4 (&sv)[2], bool /*last*/) {
-      const float sg[2][2] = {{sv[0].x, sv[0].y}, {sv[0].z, sv[0].w}};
-      const float sh[2][2] = {{sv[1].x, sv[1].y}, {sv[1].z, sv[1].w}};
-      load_b(bc, mc);  // (B at use: only the address and the multipliers)
-      mma_unit2(wv, sg, sh, from_c, mc, true);
-    };
     auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
@@ -510,19 +411,12 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     if constexpr (!std::decay_t<Carry>::kOn) {
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if constexpr (PAIRED) {
-      run_batches(
-          nb, R.wa, R.wb, R.sa, R.sb, [&](uint4(&wv)[2][2], float4(&sv)[2]) { load_i8_batch2<kGrouped>(wv, sv, st); },
-          [&] { skip_i8_batch2<kGrouped>(st); }, carry.primed(), wait_inputs, [] {}, run_batch2,
-          [&] { carry.near_end(); });
-    } else {
-      run_batches(
-          nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped>(st); }, carry.primed(), wait_inputs,
-          [&] {
-            if (kAheadB) load_b(bc, mc);
-          },
-          run_batch, [&] { carry.near_end(); });
-    }
+    run_batches(
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped>(st); }, carry.primed(), wait_inputs,
+        [&] {
+          if (kAheadB) load_b(bc, mc);
+        },
+        run_batch, [&] { carry.near_end(); });
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
@@ -535,20 +429,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
       st.s0 += 2;
-      // PAIRED: the up matrix's unit too (its own stream, the same distances)
-      uint4 wu[2] = {};
-      float ug[2] = {0.0f, 0.0f}, uh[2] = {0.0f, 0.0f};
-      if constexpr (PAIRED) {
-        wu[0] = ld_unit_row(st.w1, two);
-        wu[1] = ld_unit_row(st.w1 + st.w_d, two);
-        st.w1 += st.w_u;
-        const float* s1 = st.s1;
-        ug[0] = kGrouped ? __ldg(s1) : 0.0f;
-        ug[1] = kGrouped && two ? __ldg(s1 + 1) : 0.0f;
-        uh[0] = kGrouped ? __ldg(s1 + s_d) : 0.0f;
-        uh[1] = kGrouped && two ? __ldg(s1 + s_d + 1) : 0.0f;
-        st.s1 += 2;
-      }
       const uint8_t* bu = two ? bnext : bnext - 16 * q;
       uint4 bt[NT][2];
       float mt[NT][2];
@@ -561,13 +441,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
       bnext += 2 * kColPad;
       mnext += 2;
-      if constexpr (PAIRED) {
-        const uint4 w2[2][2] = {{w[0], w[1]}, {wu[0], wu[1]}};
-        const float sg2[2][2] = {{sg[0], sg[1]}, {ug[0], ug[1]}}, sh2[2][2] = {{sh[0], sh[1]}, {uh[0], uh[1]}};
-        mma_unit2(w2, sg2, sh2, [&](int t, int h) { return bt[t][h]; }, mt, two);
-      } else {
-        mma_unit(w, sg, sh, [&](int t, int h) { return bt[t][h]; }, mt, two);
-      }
+      mma_unit(w, sg, sh, [&](int t, int h) { return bt[t][h]; }, mt, two);
     }
   } else {
     // bf16 (W4A16): the slice's groups in order, whole batches of U groups through the pipeline below, then
@@ -681,30 +555,22 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // then each (row, token) adds its matrices' slices in order (Q4_ROW: times the row scale), combines its digit
   // planes (int8) and is stored.
   constexpr int kCols = NT * 8 + 1;
-  // (slot warp * kMats + m: warp's matrix m; without PAIRED, slot = warp)
-  __shared__ float stage[kTcWarps * kMats][16][kCols];
+  __shared__ float stage[kTcWarps][16][kCols];
   carry.before_stage();
 #pragma unroll
-  for (int m = 0; m < kMats; ++m) {
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      stage[warp * kMats + m][g][t * 8 + 2 * q] = accs[m][t][0];
-      stage[warp * kMats + m][g][t * 8 + 2 * q + 1] = accs[m][t][1];
-      stage[warp * kMats + m][g + 8][t * 8 + 2 * q] = accs[m][t][2];
-      stage[warp * kMats + m][g + 8][t * 8 + 2 * q + 1] = accs[m][t][3];
-    }
+  for (int t = 0; t < NT; ++t) {
+    stage[warp][g][t * 8 + 2 * q] = acc[t][0];
+    stage[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
+    stage[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
+    stage[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
   }
   __syncthreads();
   carry.refill();
-  // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K: its K slices in order
-  // (PAIRED: every warp's share of matrix m).
-  auto slice_at = [&](int m, int w, int i, int c) {
-    return PAIRED ? stage[w * kMats + m][i][c] : stage[m * KS + w][i][c];
-  };
+  // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K.
   auto total = [&](int m, int i, int c) {
-    float v = slice_at(m, 0, i, c);
+    float v = stage[m * KS][i][c];
 #pragma unroll
-    for (int w = 1; w < KS; ++w) v += slice_at(m, w, i, c);
+    for (int w = 1; w < KS; ++w) v += stage[m * KS + w][i][c];
     if (!kGrouped) {
       v *= GATE_UP ? __ldg((m == 0 ? it.w0.scales : it.w1.scales) + imin(m0 + i, rows_out - 1))
                    : __ldg(it.w0.scales + imin(m0 + 16 * m + i, rows_out - 1));
