@@ -191,6 +191,14 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
       return r.name == name && !r.usable && r.reason.rfind("score 0", 0) == 0;
     });
   };
+  // A list of one plugin that cannot run here: how to make it fall back instead.
+  auto fallback_hint = [&](const char* key, const std::string& name) {
+    return cannot_run(name) ? fmt::format(
+                                  " (to fall back on machines where it cannot run, list another after it: "
+                                  "{}: [{}, auto])",
+                                  key, name)
+                            : std::string();
+  };
   // backends.dense: the first entry of the list that runs here; "auto" = the highest-scoring exact plugin.
   std::vector<std::string> dense_rejected;
   for (const auto& name : config.backends.dense) {
@@ -208,7 +216,10 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
     dense_rejected.push_back(describe_missing(name));
   }
   if (!out.dense) {
-    if (dense_rejected.size() == 1) fail("backends", "backends.dense: {}", dense_rejected.front());
+    if (dense_rejected.size() == 1) {
+      fail("backends", "backends.dense: {}{}", dense_rejected.front(),
+           fallback_hint("backends.dense", config.backends.dense.front()));
+    }
     if (dense_rejected.empty()) fail("backends", "backends.dense: an empty list (name a plugin, or auto)");
     fail("backends", "backends.dense: none of the listed plugins can run here: {}",
          fmt::join(dense_rejected, "; "));
@@ -236,7 +247,8 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
         continue;
       }
       if (!cannot_run(name) || config.backends.experts.size() == 1) {
-        fail("backends", "backends.experts: {}", describe_missing(name));
+        fail("backends", "backends.experts: {}{}", describe_missing(name),
+             fallback_hint("backends.experts", name));
       }
       rejected.push_back(describe_missing(name));
     }

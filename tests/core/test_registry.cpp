@@ -154,6 +154,9 @@ TEST_CASE("backend choice from the config") {
   cfg.backends.experts = {"score_zero"};
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("plugin 'score_zero' was rejected: score 0"), Error);
+  CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
+                       doctest::Contains("list another after it: backends.experts: [score_zero, auto]"),
+                       Error);
   cfg.backends.experts = {"score_zero", "score_zero"};
   CHECK_THROWS_WITH_AS(choose_backends(mixed, cfg),
                        doctest::Contains("none of the listed plugins can run here"), Error);
