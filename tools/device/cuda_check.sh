@@ -61,7 +61,7 @@ else
   note "memcheck: compute-sanitizer not found"
 fi
 
-# 3. The benchmark (kernel medians by device events; GB/s against 4.8 TB/s and the measured copy rate).
+# 3. The benchmark (kernel medians by device events; GB/s against the card's datasheet peak and the measured copy rate).
 timeout 300 "$bundle/bin/bench_cuda" > "$out/bench_cuda.log" 2>&1
 note "bench_cuda: exit $?"
 
