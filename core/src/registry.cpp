@@ -191,72 +191,50 @@ Backends choose_backends(const PluginRegistry& registry, const RuntimeConfig& co
       return r.name == name && !r.usable && r.reason.rfind("score 0", 0) == 0;
     });
   };
-  // A list of one plugin that cannot run here: how to make it fall back instead.
-  auto fallback_hint = [&](const char* key, const std::string& name) {
-    return cannot_run(name) ? fmt::format(
-                                  " (to fall back on machines where it cannot run, list another after it: "
-                                  "{}: [{}, auto])",
-                                  key, name)
-                            : std::string();
+  // A preference list (backends.dense, backends.experts): its plugins that run here, in order ("auto": the
+  // exact-mode plugins by score); with first_only, up to the first entry that runs. Entries that cannot run
+  // here are passed over and said so (skipped); none left is an error, which for a list of one says how to
+  // make it fall back. by_auto: the first plugin chosen came from "auto".
+  bool by_auto = false;
+  auto resolve = [&](const char* key, const std::vector<std::string>& list, bool first_only) {
+    by_auto = false;
+    std::vector<const PluginRecord*> chosen;
+    std::vector<std::string> rejected;
+    for (const auto& name : list) {
+      if (name == "auto") {
+        const auto& a = auto_plugins(key);
+        if (chosen.empty()) by_auto = true;
+        chosen.insert(chosen.end(), a.begin(), a.end());
+      } else if (const PluginRecord* p = registry.find(name)) {
+        chosen.push_back(p);
+      } else if (cannot_run(name)) {
+        rejected.push_back(describe_missing(name));
+        continue;
+      } else {
+        fail("backends", "{}: {}", key, describe_missing(name));
+      }
+      if (first_only) break;
+    }
+    if (chosen.empty()) {
+      if (list.empty()) fail("backends", "{}: an empty list (name a plugin, or auto)", key);
+      if (rejected.size() == 1) {
+        fail("backends",
+             "{}: {} (to fall back on machines where it cannot run, list another after it: {}: "
+             "[{}, auto])",
+             key, rejected.front(), key, list.front());
+      }
+      fail("backends", "{}: none of the listed plugins can run here: {}", key, fmt::join(rejected, "; "));
+    }
+    for (auto& r : rejected) out.skipped.push_back(fmt::format("{}: skipped {}", key, r));
+    return chosen;
   };
-  // backends.dense: the first entry of the list that runs here; "auto" = the highest-scoring exact plugin.
-  std::vector<std::string> dense_rejected;
-  for (const auto& name : config.backends.dense) {
-    if (name == "auto") {
-      out.dense = make(auto_plugins("backends.dense").front());
-      out.dense_reason = "auto: highest score";
-      break;
-    }
-    if (const PluginRecord* p = registry.find(name)) {
-      out.dense = make(p);
-      out.dense_reason = "configured";
-      break;
-    }
-    if (!cannot_run(name)) fail("backends", "backends.dense: {}", describe_missing(name));
-    dense_rejected.push_back(describe_missing(name));
-  }
-  if (!out.dense) {
-    if (dense_rejected.size() == 1) {
-      fail("backends", "backends.dense: {}{}", dense_rejected.front(),
-           fallback_hint("backends.dense", config.backends.dense.front()));
-    }
-    if (dense_rejected.empty()) fail("backends", "backends.dense: an empty list (name a plugin, or auto)");
-    fail("backends", "backends.dense: none of the listed plugins can run here: {}",
-         fmt::join(dense_rejected, "; "));
-  }
-  for (auto& r : dense_rejected) out.skipped.push_back("backends.dense: skipped " + r);
-  // Adds a plugin to the experts list once.
-  auto add_expert = [&](const PluginRecord* p) {
+  out.dense = make(resolve("backends.dense", config.backends.dense, true).front());
+  out.dense_reason = by_auto ? "auto: highest score" : "configured";
+  for (const auto* p : config.backends.experts.empty()
+                           ? auto_plugins("backends.experts")
+                           : resolve("backends.experts", config.backends.experts, false)) {
     auto b = make(p);
     if (std::find(out.experts.begin(), out.experts.end(), b) == out.experts.end()) out.experts.push_back(b);
-  };
-  if (config.backends.experts.empty()) {
-    for (const auto* p : auto_plugins("backends.experts")) add_expert(p);
-  } else {
-    // An ordered preference: every listed plugin that runs here, in order (the first that supports a
-    // format computes it); auto adds the exact-mode plugins by score.
-    std::vector<std::string> rejected;
-    for (const auto& name : config.backends.experts) {
-      if (name == "auto") {
-        for (const auto* p : auto_plugins("backends.experts")) add_expert(p);
-        continue;
-      }
-      const PluginRecord* p = registry.find(name);
-      if (p != nullptr) {
-        add_expert(p);
-        continue;
-      }
-      if (!cannot_run(name) || config.backends.experts.size() == 1) {
-        fail("backends", "backends.experts: {}{}", describe_missing(name),
-             fallback_hint("backends.experts", name));
-      }
-      rejected.push_back(describe_missing(name));
-    }
-    if (out.experts.empty()) {
-      fail("backends", "backends.experts: none of the listed plugins can run here: {}",
-           fmt::join(rejected, "; "));
-    }
-    for (auto& r : rejected) out.skipped.push_back("backends.experts: skipped " + r);
   }
   // Each chosen plugin that is not exact mode, once, with the roles it was chosen for.
   std::vector<std::pair<const PluginRecord*, std::vector<std::string>>> lossy;
