@@ -82,6 +82,9 @@ struct Settings {
   // the tensor-core kernels than rows in order; read when a matrix is uploaded. STRATA_CUDA_LAYOUT=rows: rows
   // in order (the gemv kernels read those better).
   bool tiles = true;
+  // Their Q4_G64 scales in 16-row x 4-group blocks in load order (work.hpp, DevMatrix::scale_tiles), so a
+  // warp's scales of a batch are 2 x 128 contiguous bytes. STRATA_CUDA_SCALES=rows: rows in order (A/B).
+  bool scale_tiles = true;
   // A group's launch sequence is captured once per shape (launch classes, item counts, grids) and slot, and
   // replayed as a CUDA graph: one host call instead of one per kernel (the host is busy with the CPU rows
   // beside it). STRATA_CUDA_GRAPHS=0: every kernel launched on its own.

@@ -118,6 +118,22 @@ uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
   return static_cast<uint64_t>((rows + 15) / 16 * 16) * static_cast<uint64_t>(tiles_row_bytes(cols));
 }
 
+// Q4_G64 scales in 16 x 4 blocks (DevMatrix::scale_tiles): how many floats, and the host's row-major scales
+// (rows x n groups) in that order; padding zero.
+int64_t tile_scale_count(int64_t rows, int64_t cols) {
+  return (rows + 15) / 16 * ((cols + 4 * kColPad - 1) / (4 * kColPad)) * 64;
+}
+std::vector<float> to_tile_scales(const float* src, int64_t rows, int64_t cols) {
+  const int64_t n = (cols + kColPad - 1) / kColPad, blocks = (n + 3) / 4;
+  std::vector<float> out(static_cast<size_t>(tile_scale_count(rows, cols)), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < n; ++g) {
+      out[static_cast<size_t>(((r >> 4) * blocks + (g >> 2)) * 64 + (r & 15) * 4 + (g & 3))] = src[r * n + g];
+    }
+  }
+  return out;
+}
+
 // Host int4 rows (raw bytes per row) in the kTiles order: 16-byte chunk c of row r goes to
 // (r / 16) 16 rb + 512 ((r / 8) % 2) + 64 (r % 8) + 1024 (c / 4) + 16 (c % 4); padding stays zero.
 std::vector<uint8_t> to_tiles(const uint8_t* src, int64_t rows, int64_t raw, int64_t rb) {
@@ -474,6 +490,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (end != v && *end == '\0' && n >= 0 && n <= 10'000'000) settings_.spin_us = static_cast<int>(n);
   }
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_SCALES")) settings_.scale_tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
     if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
@@ -1545,11 +1562,11 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   }
   if (is_q4(w.dtype) && w.scales == nullptr) invalid("upload_matrix: int4 matrix without scales");
   const bool tiles = is_q4(w.dtype) && settings_.tiles;
+  const bool scale_tiles = tiles && w.dtype == kQ4G64 && settings_.scale_tiles;
   const uint64_t data_bytes =
       tiles ? tiles_data_bytes(w.rows, w.cols) : device_data_bytes(w.dtype, w.rows, w.cols);
-  const uint64_t bytes =
-      is_q4(w.dtype) ? align_up(data_bytes) + static_cast<uint64_t>(scale_count(w.dtype, w.rows, w.cols)) * 4
-                     : data_bytes;
+  const int64_t n_scales = scale_tiles ? tile_scale_count(w.rows, w.cols) : scale_count(w.dtype, w.rows, w.cols);
+  const uint64_t bytes = is_q4(w.dtype) ? align_up(data_bytes) + static_cast<uint64_t>(n_scales) * 4 : data_bytes;
   void* d = nullptr;
   const cudaError_t e = cudaMalloc(&d, bytes);
   if (e != cudaSuccess)
@@ -1572,9 +1589,12 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
                                   cudaMemcpyHostToDevice, cudaStreamLegacy),
                 "copy of a resident matrix");
     }
-    if (is_q4(w.dtype)) {
-      STRATA_CK(cudaMemcpyAsync(base + align_up(data_bytes), w.scales,
-                                static_cast<size_t>(scale_count(w.dtype, w.rows, w.cols)) * 4,
+    if (scale_tiles) {
+      const std::vector<float> t = to_tile_scales(w.scales, w.rows, w.cols);
+      STRATA_CK(cudaMemcpy(base + align_up(data_bytes), t.data(), t.size() * 4, cudaMemcpyHostToDevice),
+                "copy of resident scales");
+    } else if (is_q4(w.dtype)) {
+      STRATA_CK(cudaMemcpyAsync(base + align_up(data_bytes), w.scales, static_cast<size_t>(n_scales) * 4,
                                 cudaMemcpyHostToDevice, cudaStreamLegacy),
                 "copy of resident scales");
     }
@@ -1592,6 +1612,7 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   r->m.scales = is_q4(w.dtype) ? reinterpret_cast<const float*>(base + align_up(data_bytes)) : nullptr;
   r->m.stride = tiles ? tiles_row_bytes(w.cols) : padded;
   r->m.layout = tiles ? kTiles : kRowMajor;
+  r->m.scale_tiles = scale_tiles ? 1 : 0;
   r->m.rows = static_cast<int32_t>(w.rows);
   r->m.cols = static_cast<int32_t>(w.cols);
   r->m.kp = static_cast<int32_t>(padded_cols(w.cols));

@@ -654,7 +654,7 @@ static void gpu_case_5(const PluginRecord* rec) {
   CHECK(m0.free <= m0.total);
   CHECK(m0.used >= m0.resident);
   // Device bytes of a resident copy: rows padded to 64 columns (int4: 16-row tiles of rows padded to 128
-  // columns), then the scales at a 256-byte boundary.
+  // columns), then the scales at a 256-byte boundary (Q4_G64: in blocks of 16 rows x 4 groups).
   auto expected = [](const HostMatrix& h) {
     const uint64_t kp = static_cast<uint64_t>((h.cols + 63) / 64 * 64);
     const uint64_t row = h.format == WeightFormat::F32 ? kp * 4
@@ -663,8 +663,9 @@ static void gpu_case_5(const PluginRecord* rec) {
     uint64_t bytes = static_cast<uint64_t>(is_q4(h.format) ? (h.rows + 15) / 16 * 16 : h.rows) * row;
     if (is_q4(h.format)) {
       bytes = (bytes + 255) / 256 * 256;
-      bytes += 4 * static_cast<uint64_t>(h.format == WeightFormat::Q4_G64 ? h.rows * ((h.cols + 63) / 64)
-                                                                          : h.rows);
+      bytes += 4 * static_cast<uint64_t>(h.format == WeightFormat::Q4_G64
+                                             ? (h.rows + 15) / 16 * ((h.cols + 255) / 256) * 64
+                                             : h.rows);
     }
     return bytes;
   };
@@ -772,21 +773,25 @@ TEST_CASE("cuda resident matrices: another backend's copy is not used, a mismatc
   }
 }
 
-// Resident int4 matrices are stored in 16-row tiles in the tensor-core kernels' load order (kTiles), host
-// weights staged per call keep their rows in order: every kernel family reads both and gives the same bits
-// (rows that are not a multiple of 16, columns that are not a multiple of 64 or of 128, one to many tokens).
+// Resident int4 matrices are stored in 16-row tiles in the tensor-core kernels' load order (kTiles), their
+// Q4_G64 scales in 16 x 4 blocks; host weights staged per call keep their rows (and scales) in order: every
+// kernel family reads both and gives the same bits (rows that are not a multiple of 16, columns that are not
+// a multiple of 64, 128 or 256, one to many tokens), and so do tiles with their scales in rows.
 static void gpu_case_tiles(const PluginRecord* rec) {
   struct Family {
-    const char *name, *var, *value;
+    const char* name;
+    std::vector<std::pair<const char*, const char*>> env;
   };
-  const Family families[] = {{"tensor cores", "STRATA_CUDA_GEMV_MAX_ROWS", "0"},
-                             {"gemv", "STRATA_CUDA_GEMV_MAX_ROWS", "all"},
-                             {"SIMT", "STRATA_CUDA_KERNELS", "simt"},
-                             {"W4A16", "STRATA_CUDA_W4A16_MIN_ROWS", "1"}};
+  const Family families[] = {
+      {"tensor cores", {{"STRATA_CUDA_GEMV_MAX_ROWS", "0"}}},
+      {"tensor cores, scales in rows", {{"STRATA_CUDA_GEMV_MAX_ROWS", "0"}, {"STRATA_CUDA_SCALES", "rows"}}},
+      {"gemv", {{"STRATA_CUDA_GEMV_MAX_ROWS", "all"}}},
+      {"SIMT", {{"STRATA_CUDA_KERNELS", "simt"}}},
+      {"W4A16", {{"STRATA_CUDA_W4A16_MIN_ROWS", "1"}}}};
   std::mt19937 rng(4242);
   for (const Family& fam : families) {
     CAPTURE(fam.name);
-    auto cuda = make_cuda_with_env(*rec, fam.var, fam.value);
+    auto cuda = make_cuda_with_envs(*rec, fam.env);
     for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
       CAPTURE(weight_format_name(f));
       for (const auto& o_i :

@@ -85,6 +85,20 @@ __device__ __forceinline__ int64_t q4_row_byte(const DevMatrix& m, int row, int 
   return static_cast<int64_t>(row) * m.stride + b;
 }
 
+// Index, in m.scales, of the Q4_G64 scale of group grp of row `row` (see DevMatrix), as a row's base plus a
+// group's offset (q4_scale_row + q4_scale_grp), so streams keep one pointer per row and step by groups.
+__device__ __forceinline__ int64_t q4_scale_row(const DevMatrix& m, int row) {
+  const int n = m.kp / kColPad;
+  if (m.scale_tiles) return (static_cast<int64_t>(row >> 4) * ((n + 3) >> 2)) * 64 + (row & 15) * 4;
+  return static_cast<int64_t>(row) * n;
+}
+__device__ __forceinline__ int32_t q4_scale_grp(bool scale_tiles, int grp) {
+  return scale_tiles ? (grp >> 2) * 64 + (grp & 3) : grp;
+}
+__device__ __forceinline__ int64_t q4_scale_at(const DevMatrix& m, int row, int grp) {
+  return q4_scale_row(m, row) + q4_scale_grp(m.scale_tiles != 0, grp);
+}
+
 __device__ __forceinline__ uint16_t bf16_bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float bf16_value(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
 

@@ -75,34 +75,35 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   if (o0 >= rows_out) return;  // whole warp; no block-wide barrier follows
   const int kp = it.w0.kp;
   const int n_chunks = kp / 32;  // 16-byte chunks per row (even: kp is a multiple of 64)
-  const int n_groups = kp / kColPad;
 
   // Stream s reads row o0 + i of matrix m (clamped to the last row): a base pointer per matrix and 32-bit
   // offsets (at most 3 rows apart, or in the next 16-row tile: well within 2^31 bytes for any real matrix)
   // keep the registers for accumulators. Chunk c of a row is at c * 16 (rows in order) or, in tiles, at
   // 1024 (c / 4) + 16 (c % 4) from the row's first byte (see DevMatrix); gate and up may differ (one resident,
   // one staged), so offsets and layout are per matrix.
+  // Scales likewise: a base per matrix; row o0 + d at d sstep[m] from it (the warp's R rows are in one 16-row
+  // block: o0 is a multiple of R <= 16), a Q4_G64 group at its offset in the matrix's scale layout.
   const uint8_t* wb[NM];
   const float* sb[NM];
-  int32_t woff[NM][R], soff[R];
-  bool tiles[NM];
+  int32_t woff[NM][R], sstep[NM];
+  bool tiles[NM], stiles[NM];
+  static_assert(16 % R == 0, "a warp's rows in one 16-row block");
+  const int last = rows_out - 1 - o0;
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
     const DevMatrix& mat = m == 0 ? it.w0 : it.w1;
     wb[m] = static_cast<const uint8_t*>(mat.data) + q4_row_byte(mat, o0, 0);
-    sb[m] = mat.scales + (kGrouped ? static_cast<int64_t>(o0) * n_groups : o0);
+    sb[m] = mat.scales + (kGrouped ? q4_scale_row(mat, o0) : o0);
     tiles[m] = mat.layout == kTiles;
+    stiles[m] = mat.scale_tiles != 0;
+    sstep[m] = !kGrouped ? 1 : stiles[m] ? 4 : kp / kColPad;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      const int d = imin(i, rows_out - 1 - o0);
+      const int d = imin(i, last);
       woff[m][i] = static_cast<int32_t>(q4_row_byte(mat, o0 + d, 0) - q4_row_byte(mat, o0, 0));
     }
   }
-#pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const int d = imin(i, rows_out - 1 - o0);
-    soff[i] = kGrouped ? d * n_groups : d;
-  }
+  auto soff = [&](int m, int i) { return imin(i, last) * sstep[m]; };
   const float* x = static_cast<const float*>(it.in);
   const int ld = gemv_ld(kp);  // the operand's row length (slot order, see gemv_slot)
   const uint32_t hide0 = static_cast<uint32_t>(it.n_tok - T);  // 0: every item of the launch has T tokens
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
       const int64_t at =
           tiles[s / R] ? static_cast<int64_t>(c >> 2) * 1024 + (c & 3) * 16 : static_cast<int64_t>(c) * 16;
       w[s] = ld_stream_u4(wb[s / R] + woff[s / R][s % R] + at);
-      sc[s] = kGrouped ? __ldg(sb[s / R] + soff[s % R] + (c >> 1)) : 0.0f;
+      sc[s] = kGrouped ? __ldg(sb[s / R] + soff(s / R, s % R) + q4_scale_grp(stiles[s / R], c >> 1)) : 0.0f;
     }
   };
   // The next step's chunks are loaded before this step's are used (nw/ns), so each warp keeps up to two steps
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   if (!kGrouped) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-      const float scale = __ldg(sb[s / R] + soff[s % R]);
+      const float scale = __ldg(sb[s / R] + soff(s / R, s % R));
 #pragma unroll
       for (int t = 0; t < T; ++t) acc[s][t] *= scale;
     }

@@ -41,8 +41,7 @@ __device__ __forceinline__ void decode_chunk8(const DevMatrix& m, int row, int c
     // (either layout: the 4 bytes are within one 16-byte chunk of the row)
     const uint32_t v =
         __ldg(reinterpret_cast<const uint32_t*>(static_cast<const char*>(m.data) + q4_row_byte(m, row, 4 * c)));
-    const float s = FMT == kQ4G64 ? __ldg(m.scales + static_cast<int64_t>(row) * (m.kp / kColPad) + (c >> 3))
-                                  : __ldg(m.scales + row);
+    const float s = FMT == kQ4G64 ? __ldg(m.scales + q4_scale_at(m, row, c >> 3)) : __ldg(m.scales + row);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t b = (v >> (8 * j)) & 0xffu;

@@ -134,11 +134,12 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
 // A warp's weight stream over its slice: byte b of row rows[0] is at q4_row_byte(mat, rows[0], b) from the
 // data, row rows[1]'s w_d further (in tiles: 512); a 128-column unit (64 bytes of a row) is w_u bytes after the
 // previous (tiles: 1024). w0: the next load of thread q (columns 16q .. of the next group); s0: the next Q4_G64
-// scale of row rows[0] (row rows[1]'s s_d further), or the Q4_ROW row scale.
+// scale of row rows[0] (row rows[1]'s s_d further; the next batch's s_b further, groups within a batch
+// adjacent), or the Q4_ROW row scale.
 struct WeightStream {
   const uint8_t* w0;
   const float* s0;
-  int32_t w_d, s_d;
+  int32_t w_d, s_d, s_b;
   int w_u;
   bool scales_x4;  // a batch's U scales per row as one 16-byte load
 };
@@ -151,12 +152,12 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
   st.w_u = mat.layout == kTiles ? 1024 : 64;
   const float* sp[2];
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    sp[rr] = mat.scales + (kGrouped ? static_cast<int64_t>(ws.rows[rr]) * ws.n_groups_all : ws.rows[rr]);
-  }
-  st.s0 = sp[0] + ws.g_first;
+  for (int rr = 0; rr < 2; ++rr) sp[rr] = mat.scales + (kGrouped ? q4_scale_row(mat, ws.rows[rr]) : ws.rows[rr]);
+  static_assert(TileShape<true>::U == 4 && TileShape<false>::U == 4, "a batch is a 4-group scale block");
+  st.s0 = sp[0] + q4_scale_grp(mat.scale_tiles != 0, ws.g_first);  // (g_first: a multiple of 4)
   st.s_d = static_cast<int32_t>(sp[1] - sp[0]);
-  st.scales_x4 = (ws.n_groups_all & 3) == 0;
+  st.s_b = mat.scale_tiles ? 64 : 4;
+  st.scales_x4 = mat.scale_tiles || (ws.n_groups_all & 3) == 0;
   st.w0 = wbase + q4_row_byte(mat, ws.rows[0], q * 8 + ws.g_first * 32);
   return st;
 }
@@ -176,7 +177,7 @@ __device__ __forceinline__ void peek_scales(float4 (&sv)[2], const WeightStream&
 template <bool kGrouped>
 __device__ __forceinline__ void load_scales(float4 (&sv)[2], WeightStream& st) {
   peek_scales<kGrouped>(sv, st);
-  if (kGrouped) st.s0 += TileShape<true>::U;
+  if (kGrouped) st.s0 += st.s_b;
 }
 
 // Exact mode: a row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
@@ -189,7 +190,7 @@ __device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two) {
 template <bool kGrouped>
 __device__ __forceinline__ void skip_i8_batch(WeightStream& st) {
   st.w0 += st.w_u * 2;
-  if (kGrouped) st.s0 += TileShape<true>::U;
+  if (kGrouped) st.s0 += st.s_b;
 }
 template <bool kGrouped>
 __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
