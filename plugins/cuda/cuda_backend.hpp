@@ -78,13 +78,10 @@ struct Settings {
   // A group's kernels are queued as programmatic dependent launches: each may start while the one before is
   // still in its last wave, loading its first weights there (device_util.cuh). STRATA_CUDA_PDL=0: off (A/B).
   bool pdl = true;
-  // Resident int4 matrices are stored in 16-row tiles in load order (work.hpp, kTiles), read 1.6x faster by
-  // the tensor-core kernels than rows in order; read when a matrix is uploaded. STRATA_CUDA_LAYOUT=rows: rows
-  // in order (the gemv kernels read those better).
+  // Resident int4 matrices are stored in 16-row tiles in load order (work.hpp, kTiles; their Q4_G64 scales in
+  // 16 x 4 blocks in load order), read 1.6x faster by the tensor-core kernels than rows in order; read when a
+  // matrix is uploaded. STRATA_CUDA_LAYOUT=rows: rows in order (the gemv kernels read those better).
   bool tiles = true;
-  // Their Q4_G64 scales in 16-row x 4-group blocks in load order (work.hpp, DevMatrix::scale_tiles), so a
-  // warp's scales of a batch are 2 x 128 contiguous bytes. STRATA_CUDA_SCALES=rows: rows in order (A/B).
-  bool scale_tiles = true;
   // A group's launch sequence is captured once per shape (launch classes, item counts, grids) and slot, and
   // replayed as a CUDA graph: one host call instead of one per kernel (the host is busy with the CPU rows
   // beside it). STRATA_CUDA_GRAPHS=0: every kernel launched on its own.

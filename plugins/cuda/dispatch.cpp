@@ -118,7 +118,7 @@ uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
   return static_cast<uint64_t>((rows + 15) / 16 * 16) * static_cast<uint64_t>(tiles_row_bytes(cols));
 }
 
-// Q4_G64 scales in 16 x 4 blocks (DevMatrix::scale_tiles): how many floats, and the host's row-major scales
+// Q4_G64 scales of a kTiles matrix, in 16 x 4 blocks (work.hpp): how many floats, and the host's row-major scales
 // (rows x n groups) in that order; padding zero.
 int64_t tile_scale_count(int64_t rows, int64_t cols) {
   return (rows + 15) / 16 * ((cols + 4 * kColPad - 1) / (4 * kColPad)) * 64;
@@ -490,7 +490,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     if (end != v && *end == '\0' && n >= 0 && n <= 10'000'000) settings_.spin_us = static_cast<int>(n);
   }
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_SCALES")) settings_.scale_tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
     if (std::strcmp(v, "device") == 0) fail_next_ = STRATA_ERR_DEVICE;
@@ -1567,7 +1566,7 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   }
   if (is_q4(w.dtype) && w.scales == nullptr) invalid("upload_matrix: int4 matrix without scales");
   const bool tiles = is_q4(w.dtype) && settings_.tiles;
-  const bool scale_tiles = tiles && w.dtype == kQ4G64 && settings_.scale_tiles;
+  const bool scale_tiles = tiles && w.dtype == kQ4G64;
   const uint64_t data_bytes =
       tiles ? tiles_data_bytes(w.rows, w.cols) : device_data_bytes(w.dtype, w.rows, w.cols);
   const int64_t n_scales = scale_tiles ? tile_scale_count(w.rows, w.cols) : scale_count(w.dtype, w.rows, w.cols);
@@ -1617,7 +1616,6 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   r->m.scales = is_q4(w.dtype) ? reinterpret_cast<const float*>(base + align_up(data_bytes)) : nullptr;
   r->m.stride = tiles ? tiles_row_bytes(w.cols) : padded;
   r->m.layout = tiles ? kTiles : kRowMajor;
-  r->m.scale_tiles = scale_tiles ? 1 : 0;
   r->m.rows = static_cast<int32_t>(w.rows);
   r->m.cols = static_cast<int32_t>(w.cols);
   r->m.kp = static_cast<int32_t>(padded_cols(w.cols));

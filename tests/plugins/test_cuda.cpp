@@ -776,7 +776,7 @@ TEST_CASE("cuda resident matrices: another backend's copy is not used, a mismatc
 // Resident int4 matrices are stored in 16-row tiles in the tensor-core kernels' load order (kTiles), their
 // Q4_G64 scales in 16 x 4 blocks; host weights staged per call keep their rows (and scales) in order: every
 // kernel family reads both and gives the same bits (rows that are not a multiple of 16, columns that are not
-// a multiple of 64, 128 or 256, one to many tokens), and so do tiles with their scales in rows.
+// a multiple of 64, 128 or 256, one to many tokens).
 static void gpu_case_tiles(const PluginRecord* rec) {
   struct Family {
     const char* name;
@@ -784,7 +784,6 @@ static void gpu_case_tiles(const PluginRecord* rec) {
   };
   const Family families[] = {
       {"tensor cores", {{"STRATA_CUDA_GEMV_MAX_ROWS", "0"}}},
-      {"tensor cores, scales in rows", {{"STRATA_CUDA_GEMV_MAX_ROWS", "0"}, {"STRATA_CUDA_SCALES", "rows"}}},
       {"gemv", {{"STRATA_CUDA_GEMV_MAX_ROWS", "all"}}},
       {"SIMT", {{"STRATA_CUDA_KERNELS", "simt"}}},
       {"W4A16", {{"STRATA_CUDA_W4A16_MIN_ROWS", "1"}}}};

@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   const uint8_t* wb[NM];
   const float* sb[NM];
   int32_t woff[NM][R], sstep[NM];
-  bool tiles[NM], stiles[NM];
+  bool tiles[NM];
   static_assert(16 % R == 0, "a warp's rows in one 16-row block");
   const int last = rows_out - 1 - o0;
 #pragma unroll
@@ -95,8 +95,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
     wb[m] = static_cast<const uint8_t*>(mat.data) + q4_row_byte(mat, o0, 0);
     sb[m] = mat.scales + (kGrouped ? q4_scale_row(mat, o0) : o0);
     tiles[m] = mat.layout == kTiles;
-    stiles[m] = mat.scale_tiles != 0;
-    sstep[m] = !kGrouped ? 1 : stiles[m] ? 4 : kp / kColPad;
+    sstep[m] = !kGrouped ? 1 : tiles[m] ? 4 : kp / kColPad;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int d = imin(i, last);
@@ -122,7 +121,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
       const int64_t at =
           tiles[s / R] ? static_cast<int64_t>(c >> 2) * 1024 + (c & 3) * 16 : static_cast<int64_t>(c) * 16;
       w[s] = ld_stream_u4(wb[s / R] + woff[s / R][s % R] + at);
-      sc[s] = kGrouped ? __ldg(sb[s / R] + soff(s / R, s % R) + q4_scale_grp(stiles[s / R], c >> 1)) : 0.0f;
+      sc[s] = kGrouped ? __ldg(sb[s / R] + soff(s / R, s % R) + q4_scale_grp(tiles[s / R], c >> 1)) : 0.0f;
     }
   };
   // The next step's chunks are loaded before this step's are used (nw/ns), so each warp keeps up to two steps

@@ -133,13 +133,14 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
 
 // A warp's weight stream over its slice: byte b of row rows[0] is at q4_row_byte(mat, rows[0], b) from the
 // data, row rows[1]'s w_d further (in tiles: 512); a 128-column unit (64 bytes of a row) is w_u bytes after the
-// previous (tiles: 1024). w0: the next load of thread q (columns 16q .. of the next group); s0: the next Q4_G64
-// scale of row rows[0] (row rows[1]'s s_d further; the next batch's s_b further, groups within a batch
-// adjacent), or the Q4_ROW row scale.
+// previous (tiles: 1024). w0: the next load of thread q (columns 16q .. of the next group). Q4_G64 scales: in
+// both layouts a batch's 4 groups of scales per row are adjacent and the next batch's are 1/8 of the weights'
+// distance further (rows in order: 16 bytes for 128; tiles: 256 for 2048), so the scales of the batch at w0
+// (row rows[0]; row rows[1]'s s_d further) are at s_x + w0 / 8: no second pointer to advance (scale_at).
 struct WeightStream {
   const uint8_t* w0;
-  const float* s0;
-  int32_t w_d, s_d, s_b;
+  intptr_t s_x;
+  int32_t w_d, s_d;
   int w_u;
   bool scales_x4;  // a batch's U scales per row as one 16-byte load
 };
@@ -154,30 +155,29 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) sp[rr] = mat.scales + (kGrouped ? q4_scale_row(mat, ws.rows[rr]) : ws.rows[rr]);
   static_assert(TileShape<true>::U == 4 && TileShape<false>::U == 4, "a batch is a 4-group scale block");
-  st.s0 = sp[0] + q4_scale_grp(mat.scale_tiles != 0, ws.g_first);  // (g_first: a multiple of 4)
   st.s_d = static_cast<int32_t>(sp[1] - sp[0]);
-  st.s_b = mat.scale_tiles ? 64 : 4;
-  st.scales_x4 = mat.scale_tiles || (ws.n_groups_all & 3) == 0;
+  st.scales_x4 = mat.layout == kTiles || (ws.n_groups_all & 3) == 0;
   st.w0 = wbase + q4_row_byte(mat, ws.rows[0], q * 8 + ws.g_first * 32);
+  const float* s0 = sp[0] + q4_scale_grp(mat.layout == kTiles, ws.g_first);  // (g_first: a multiple of 4)
+  st.s_x = reinterpret_cast<intptr_t>(s0) - (reinterpret_cast<intptr_t>(st.w0) >> 3);
   return st;
 }
+// The scales of the batch whose weights (row rows[0], thread q) start at w (w - st.w0: a multiple of 128).
+__device__ __forceinline__ const float* scale_at(const WeightStream& st, const uint8_t* w) {
+  return reinterpret_cast<const float*>(st.s_x + (reinterpret_cast<intptr_t>(w) >> 3));
+}
 
-// The next batch's Q4_G64 scales (U per row) into sv; peek_scales leaves the stream where it is.
+// The Q4_G64 scales (U per row) of the batch at w into sv.
 template <bool kGrouped>
-__device__ __forceinline__ void peek_scales(float4 (&sv)[2], const WeightStream& st) {
+__device__ __forceinline__ void load_scales(float4 (&sv)[2], const WeightStream& st, const uint8_t* w) {
   if (kGrouped) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const float* sr = st.s0 + rr * st.s_d;
+      const float* sr = scale_at(st, w) + rr * st.s_d;
       sv[rr] = st.scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
     }
   }
-}
-template <bool kGrouped>
-__device__ __forceinline__ void load_scales(float4 (&sv)[2], WeightStream& st) {
-  peek_scales<kGrouped>(sv, st);
-  if (kGrouped) st.s0 += st.s_b;
 }
 
 // Exact mode: a row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
@@ -190,7 +190,6 @@ __device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two) {
 template <bool kGrouped>
 __device__ __forceinline__ void skip_i8_batch(WeightStream& st) {
   st.w0 += st.w_u * 2;
-  if (kGrouped) st.s0 += st.s_b;
 }
 template <bool kGrouped>
 __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
@@ -199,7 +198,7 @@ __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2]
     wv[u][0] = ld_unit_row(st.w0 + st.w_u * u, true);
     wv[u][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * u, true);
   }
-  peek_scales<kGrouped>(sv, st);
+  load_scales<kGrouped>(sv, st, st.w0);
   skip_i8_batch<kGrouped>(st);
 }
 
@@ -421,15 +420,16 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
+    const float* s_rem = scale_at(st, st.w0);  // (the partial batch's: its groups adjacent)
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
       const uint4 w[2] = {ld_unit_row(st.w0, two), ld_unit_row(st.w0 + st.w_d, two)};
       st.w0 += st.w_u;
-      const float* s0 = st.s0;
+      const float* s0 = s_rem;
       const int32_t s_d = st.s_d;
       const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
-      st.s0 += 2;
+      s_rem += 2;
       const uint8_t* bu = two ? bnext : bnext - 16 * q;
       uint4 bt[NT][2];
       float mt[NT][2];
@@ -499,8 +499,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
         wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
       }
+      load_scales<kGrouped>(sv, st, w0);
       w0 += w_u * (U / 2);
-      load_scales<kGrouped>(sv, st);
     };
     // The next group's B values (kept in bv, or only their address noted in b_at); advances the pointer.
     const uint8_t* b_at = bnext;
@@ -541,12 +541,12 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
           if (kAheadB) load_b(bc);
         },
         run_batch, [] {});
+    const float* s_rem = scale_at(st, w0);  // (the partial batch's: its groups adjacent)
     for (int r = nb * U; r < n_mine; ++r) {
       const int j = r - nb * U;  // within the last, partial batch
       const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;
       const uint2 w[2] = {ld_stream_u2(wr), ld_stream_u2(wr + w_d)};
-      const float sg = kGrouped ? __ldg(st.s0) : 0.0f, sh = kGrouped ? __ldg(st.s0 + st.s_d) : 0.0f;
-      ++st.s0;
+      const float sg = kGrouped ? __ldg(s_rem + j) : 0.0f, sh = kGrouped ? __ldg(s_rem + j + st.s_d) : 0.0f;
       load_b(bc);
       mma_group(w, sg, sh, from_c);
     }

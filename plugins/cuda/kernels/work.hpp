@@ -26,11 +26,12 @@ constexpr int kColPad = 64;
 //     rows in order it read 8 rows x 64 bytes per load, which measured 2.1 TB/s of pure reads on the H200 at
 //     16 warps per SM against 3.3 TB/s for this layout (bench_read). Any 16-byte aligned chunk of a row stays
 //     contiguous (q4_row_byte), so the gemv and SIMT kernels read both layouts.
-// Q4_G64 scales (q4_scale_at): rows in order, scales[o * (kp / 64) + g]; or, scale_tiles (resident kTiles
-// matrices), in blocks of 16 rows x 4 groups, 256 bytes each, in the order a tensor-core warp reads them:
-// group g of row 16t + r at 64 (t ceil(n / 4) + g / 4) + 4 r + g % 4 (n = kp / 64; padding zero). A warp's
-// scales of a load batch (4 groups of its rows g, g + 8) are then 2 x 128 contiguous bytes, next to the
-// previous batch's, instead of 16 pieces of 16 bytes a row's length apart. Q4_ROW: scales[o] (always).
+// Q4_G64 scales (q4_scale_at): kRowMajor, rows in order, scales[o * (kp / 64) + g]; kTiles, in blocks of 16
+// rows x 4 groups, 256 bytes each, in the order a tensor-core warp reads them: group g of row 16t + r at
+// 64 (t ceil(n / 4) + g / 4) + 4 r + g % 4 (n = kp / 64; padding zero). A warp's scales of a load batch (4
+// groups of its rows g, g + 8) are then 2 x 128 contiguous bytes, next to the previous batch's, instead of 16
+// pieces of 16 bytes a row apart (H100, run64-65: the decode layer ~1 us faster at every row count).
+// Q4_ROW: scales[o] in both layouts.
 enum : int32_t { kRowMajor = 0, kTiles = 1 };
 struct DevMatrix {
   const void* data;
@@ -38,7 +39,6 @@ struct DevMatrix {
   int64_t stride;
   int32_t rows, cols, kp, dtype;
   int32_t layout;
-  int32_t scale_tiles;  // Q4_G64 scales in 16 x 4 blocks (only with layout kTiles)
 };
 
 // A work item: one chunk of tokens (rows of x) through one matrix (linear) or through a gate/up pair (gate_up).
