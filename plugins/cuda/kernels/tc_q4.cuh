@@ -134,17 +134,24 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
 // A warp's weight stream over its slice: byte b of row rows[0] is at q4_row_byte(mat, rows[0], b) from the
 // data, row rows[1]'s w_d further (in tiles: 512); a 128-column unit (64 bytes of a row) is w_u bytes after the
 // previous (tiles: 1024). w0: the next load of thread q (columns 16q .. of the next group). Q4_G64 scales: in
-// both layouts a batch's 4 groups of scales per row are adjacent and the next batch's are 1/8 of the weights'
-// distance further (rows in order: 16 bytes for 128; tiles: 256 for 2048), so the scales of the batch at w0
-// (row rows[0]; row rows[1]'s s_d further) are at s_x + w0 / 8: no second pointer to advance (scale_at).
+// both layouts a batch's 4 groups of scales per row are adjacent (row rows[1]'s s_d further) and the next
+// batch's are 1/8 of the weights' distance further (rows in order: 16 bytes for 128; tiles: 256 for 2048).
+// TIED: s = s0 - w0 / 8, and the scales of the batch at w are at s + w / 8 (no second pointer to advance);
+// otherwise s0 is the next batch's scales, advanced by s_b floats per batch. Which is faster is
+// the compiler's schedule: TIED for the exact instances of up to 2 n-tiles (the layer kernel's; with a second
+// pointer its lean 2-n-tile instance loaded B later and ran 3.5 us slower at 3-4 rows), the pointer for the
+// others (TIED made the 4-n-tile exact instances spill: 8 rows 4 us slower; H100, run64-66).
 struct WeightStream {
   const uint8_t* w0;
-  intptr_t s_x;
-  int32_t w_d, s_d;
+  intptr_t s;          // TIED
+  const float* s0;     // not TIED
+  int32_t w_d, s_d, s_b;
   int w_u;
   bool scales_x4;  // a batch's U scales per row as one 16-byte load
 };
-template <bool kGrouped>
+template <int S, int NT>
+inline constexpr bool kTiedScales = S == kI8Splits && NT <= 2;
+template <bool kGrouped, bool TIED>
 __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q) {
   const DevMatrix& mat = *ws.mat;
   WeightStream st;
@@ -159,21 +166,35 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
   st.scales_x4 = mat.layout == kTiles || (ws.n_groups_all & 3) == 0;
   st.w0 = wbase + q4_row_byte(mat, ws.rows[0], q * 8 + ws.g_first * 32);
   const float* s0 = sp[0] + q4_scale_grp(mat.layout == kTiles, ws.g_first);  // (g_first: a multiple of 4)
-  st.s_x = reinterpret_cast<intptr_t>(s0) - (reinterpret_cast<intptr_t>(st.w0) >> 3);
+  if (TIED) {
+    st.s = reinterpret_cast<intptr_t>(s0) - (reinterpret_cast<intptr_t>(st.w0) >> 3);
+  } else {
+    st.s0 = s0;
+    st.s_b = mat.layout == kTiles ? 64 : 4;
+  }
   return st;
 }
-// The scales of the batch whose weights (row rows[0], thread q) start at w (w - st.w0: a multiple of 128).
+// The scales of the batch whose weights (row rows[0], thread q) start at w (w - st.w0: a multiple of 128; not
+// TIED: w is the stream's next batch).
+template <bool TIED>
 __device__ __forceinline__ const float* scale_at(const WeightStream& st, const uint8_t* w) {
-  return reinterpret_cast<const float*>(st.s_x + (reinterpret_cast<intptr_t>(w) >> 3));
+  if (TIED) return reinterpret_cast<const float*>(st.s + (reinterpret_cast<intptr_t>(w) >> 3));
+  (void)w;
+  return st.s0;
+}
+// The scale pointer past one batch (not TIED; TIED: nothing to do).
+template <bool TIED>
+__device__ __forceinline__ void next_scales(WeightStream& st) {
+  if (!TIED) st.s0 += st.s_b;
 }
 
 // The Q4_G64 scales (U per row) of the batch at w into sv.
-template <bool kGrouped>
+template <bool kGrouped, bool TIED>
 __device__ __forceinline__ void load_scales(float4 (&sv)[2], const WeightStream& st, const uint8_t* w) {
   if (kGrouped) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const float* sr = scale_at(st, w) + rr * st.s_d;
+      const float* sr = scale_at<TIED>(st, w) + rr * st.s_d;
       sv[rr] = st.scales_x4 ? __ldg(reinterpret_cast<const float4*>(sr))
                             : make_float4(__ldg(sr), __ldg(sr + 1), __ldg(sr + 2), __ldg(sr + 3));
     }
@@ -187,19 +208,20 @@ __device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two) {
 }
 // Exact mode: skip_i8_batch advances the stream past a batch (2 units of rows g, g + 8, and their scales);
 // load_i8_batch loads it first.
-template <bool kGrouped>
+template <bool kGrouped, bool TIED>
 __device__ __forceinline__ void skip_i8_batch(WeightStream& st) {
   st.w0 += st.w_u * 2;
+  if (kGrouped) next_scales<TIED>(st);
 }
-template <bool kGrouped>
+template <bool kGrouped, bool TIED>
 __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
     wv[u][0] = ld_unit_row(st.w0 + st.w_u * u, true);
     wv[u][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * u, true);
   }
-  load_scales<kGrouped>(sv, st, st.w0);
-  skip_i8_batch<kGrouped>(st);
+  load_scales<kGrouped, TIED>(sv, st, st.w0);
+  skip_i8_batch<kGrouped, TIED>(st);
 }
 
 // The exact-mode weight registers of a warp: two batches (see run_batches). The persistent layer kernel keeps
@@ -209,16 +231,17 @@ struct I8Regs {
   float4 sa[2], sb[2];
 };
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
+// (The layer kernel's: exact, up to 2 n-tiles, so its scales are TIED.)
 template <int FMT, bool GATE_UP>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
   if (!warp_slice<GATE_UP>(it, bx, warp, lane >> 2, ws)) return 0;
   constexpr bool kGrouped = FMT == kQ4G64;
-  WeightStream st = weight_stream<kGrouped>(ws, lane & 3);
+  WeightStream st = weight_stream<kGrouped, true>(ws, lane & 3);
   const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
-  if (nb > 0) load_i8_batch<kGrouped>(r.wa, r.sa, st);
-  if (nb > 1) load_i8_batch<kGrouped>(r.wb, r.sb, st);
+  if (nb > 0) load_i8_batch<kGrouped, true>(r.wa, r.sa, st);
+  if (nb > 1) load_i8_batch<kGrouped, true>(r.wb, r.sb, st);
   return imin(nb, 2);
 }
 
@@ -278,7 +301,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int kp = it.w0.kp;
   const int n_groups_all = ws.n_groups_all;
   const int g_first = ws.g_first, n_groups = ws.n_groups;
-  WeightStream st = weight_stream<kGrouped>(ws, q);
+  constexpr bool kTied = kTiedScales<S, NT>;
+  static_assert(kTied || !std::decay_t<Carry>::kOn, "the layer kernel's first batches are loaded TIED");
+  WeightStream st = weight_stream<kGrouped, kTied>(ws, q);
   // This thread's B column is g of each n-tile.
   constexpr int kElem = kI8 ? 1 : 2;  // bytes per operand element
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g) * kp * kElem;
@@ -371,7 +396,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
     };
     // The next batch's weights and scales.
-    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped>(wv, sv, st); };
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
@@ -412,7 +437,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     run_batches(
-        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped>(st); }, carry.primed(), wait_inputs,
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
@@ -420,7 +445,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
-    const float* s_rem = scale_at(st, st.w0);  // (the partial batch's: its groups adjacent)
+    const float* s_rem = scale_at<kTied>(st, st.w0);  // (the partial batch's: its groups adjacent)
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
       const uint4 w[2] = {ld_unit_row(st.w0, two), ld_unit_row(st.w0 + st.w_d, two)};
@@ -499,7 +524,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
         wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
       }
-      load_scales<kGrouped>(sv, st, w0);
+      load_scales<kGrouped, kTied>(sv, st, w0);
+      if (kGrouped) next_scales<kTied>(st);
       w0 += w_u * (U / 2);
     };
     // The next group's B values (kept in bv, or only their address noted in b_at); advances the pointer.
@@ -541,7 +567,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
           if (kAheadB) load_b(bc);
         },
         run_batch, [] {});
-    const float* s_rem = scale_at(st, w0);  // (the partial batch's: its groups adjacent)
+    const float* s_rem = scale_at<kTied>(st, w0);  // (the partial batch's: its groups adjacent)
     for (int r = nb * U; r < n_mine; ++r) {
       const int j = r - nb * U;  // within the last, partial batch
       const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;
