@@ -180,7 +180,7 @@ class CudaBackend {
   void copy_head(Slot& s, const Plan& p);  // the pinned head to the device (in stage)
   void launch_signature(std::string& k, const Plan& p) const;  // the graph cache's key (launch_graph)
   void launch(Slot& s, const Plan& p);  // the kernels: replayed as a CUDA graph when possible
-  void launch_direct(Slot& s, const Plan& p, bool skip_first_prep = false);
+  void launch_direct(Slot& s, const Plan& p);
   bool launch_graph(Slot& s, const Plan& p);
   void finish(Slot& s, const Plan& p);  // outputs to pinned memory, done event
   void sync_quietly(Slot& s) noexcept;

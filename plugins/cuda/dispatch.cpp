@@ -1212,7 +1212,7 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
   return true;
 }
 
-void CudaBackend::launch_direct(Slot& s, const Plan& p, bool skip_first_prep) {
+void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
   auto prep = [&](size_t from, size_t to) {
@@ -1225,7 +1225,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p, bool skip_first_prep) {
           "launch of prep_operands");
     }
   };
-  if (!skip_first_prep) prep(0, p.n_jobs_first);
+  prep(0, p.n_jobs_first);
   if (p.layer) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
     LayerWork lw{};
@@ -1508,11 +1508,6 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
       timeline->resize(static_cast<size_t>(n) * kTimelineWords);
     }
     stage(*s, p);
-    // Measurement aid, STRATA_CUDA_TIME_SKIP_PREP=1: relaunches of a layer kernel leave out the preparation of
-    // its gate/up operands, which the first launch left in place (same inputs): what a layer kernel that
-    // encoded them itself could save at most. Every launch is then direct (compare with STRATA_CUDA_GRAPHS=0).
-    const char* skip_env = std::getenv("STRATA_CUDA_TIME_SKIP_PREP");
-    const bool skip_prep = p.layer && skip_env != nullptr && std::strcmp(skip_env, "1") == 0;
     for (int i = 0; i < iters; ++i) {
       // A relaunch without staging: the layer kernel's counters cleared again, before the timed span.
       if (p.layer && i > 0) {
@@ -1521,8 +1516,8 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
       }
       STRATA_CK(launch_hold(hold_us, s->stream), "launch of the hold kernel");
       STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");
-      if (timeline_dev_ != nullptr || skip_prep)
-        launch_direct(*s, p, skip_prep && i > 0);  // (a captured graph keeps the arguments of its capture)
+      if (timeline_dev_ != nullptr)
+        launch_direct(*s, p);  // (a captured graph would keep the kernel's arguments of its capture)
       else
         launch(*s, p);
       STRATA_CK(cudaEventRecord(s->t1, s->stream), "cudaEventRecord");

@@ -140,7 +140,7 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
 // otherwise s0 is the next batch's scales, advanced by s_b floats per batch. Which is faster is
 // the compiler's schedule: TIED for the exact instances of up to 2 n-tiles (the layer kernel's; with a second
 // pointer its lean 2-n-tile instance loaded B later and ran 3.5 us slower at 3-4 rows), the pointer for the
-// others (TIED made the 4-n-tile exact instances spill: 8 rows 4 us slower; H100, run64-66).
+// others (TIED made the 4-n-tile exact instances spill: 8 rows 4 us slower; H100, runs 64-67).
 struct WeightStream {
   const uint8_t* w0;
   intptr_t s;          // TIED
