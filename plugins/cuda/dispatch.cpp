@@ -118,8 +118,8 @@ uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
   return static_cast<uint64_t>((rows + 15) / 16 * 16) * static_cast<uint64_t>(tiles_row_bytes(cols));
 }
 
-// Q4_G64 scales of a kTiles matrix, in 16 x 4 blocks (work.hpp): how many floats, and the host's row-major scales
-// (rows x n groups) in that order; padding zero.
+// Q4_G64 scales of a kTiles matrix, in 16 x 4 blocks (work.hpp): how many floats, and the host's row-major
+// scales (rows x n groups) in that order; padding zero.
 int64_t tile_scale_count(int64_t rows, int64_t cols) {
   return (rows + 15) / 16 * ((cols + 4 * kColPad - 1) / (4 * kColPad)) * 64;
 }
@@ -1564,8 +1564,10 @@ strata_resident* CudaBackend::upload(const strata_matrix& w) {
   const bool scale_tiles = tiles && w.dtype == kQ4G64;
   const uint64_t data_bytes =
       tiles ? tiles_data_bytes(w.rows, w.cols) : device_data_bytes(w.dtype, w.rows, w.cols);
-  const int64_t n_scales = scale_tiles ? tile_scale_count(w.rows, w.cols) : scale_count(w.dtype, w.rows, w.cols);
-  const uint64_t bytes = is_q4(w.dtype) ? align_up(data_bytes) + static_cast<uint64_t>(n_scales) * 4 : data_bytes;
+  const int64_t n_scales =
+      scale_tiles ? tile_scale_count(w.rows, w.cols) : scale_count(w.dtype, w.rows, w.cols);
+  const uint64_t bytes =
+      is_q4(w.dtype) ? align_up(data_bytes) + static_cast<uint64_t>(n_scales) * 4 : data_bytes;
   void* d = nullptr;
   const cudaError_t e = cudaMalloc(&d, bytes);
   if (e != cudaSuccess)

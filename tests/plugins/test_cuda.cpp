@@ -779,18 +779,16 @@ TEST_CASE("cuda resident matrices: another backend's copy is not used, a mismatc
 // a multiple of 64, 128 or 256, one to many tokens).
 static void gpu_case_tiles(const PluginRecord* rec) {
   struct Family {
-    const char* name;
-    std::vector<std::pair<const char*, const char*>> env;
+    const char *name, *var, *value;
   };
-  const Family families[] = {
-      {"tensor cores", {{"STRATA_CUDA_GEMV_MAX_ROWS", "0"}}},
-      {"gemv", {{"STRATA_CUDA_GEMV_MAX_ROWS", "all"}}},
-      {"SIMT", {{"STRATA_CUDA_KERNELS", "simt"}}},
-      {"W4A16", {{"STRATA_CUDA_W4A16_MIN_ROWS", "1"}}}};
+  const Family families[] = {{"tensor cores", "STRATA_CUDA_GEMV_MAX_ROWS", "0"},
+                             {"gemv", "STRATA_CUDA_GEMV_MAX_ROWS", "all"},
+                             {"SIMT", "STRATA_CUDA_KERNELS", "simt"},
+                             {"W4A16", "STRATA_CUDA_W4A16_MIN_ROWS", "1"}};
   std::mt19937 rng(4242);
   for (const Family& fam : families) {
     CAPTURE(fam.name);
-    auto cuda = make_cuda_with_envs(*rec, fam.env);
+    auto cuda = make_cuda_with_env(*rec, fam.var, fam.value);
     for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
       CAPTURE(weight_format_name(f));
       for (const auto& o_i :
