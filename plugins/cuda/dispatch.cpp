@@ -121,14 +121,16 @@ uint64_t tiles_data_bytes(int64_t rows, int64_t cols) {
 // Q4_G64 scales of a kTiles matrix, in 16 x 4 blocks (work.hpp): how many floats, and the host's row-major
 // scales (rows x n groups) in that order; padding zero.
 int64_t tile_scale_count(int64_t rows, int64_t cols) {
-  return (rows + 15) / 16 * ((cols + 4 * kColPad - 1) / (4 * kColPad)) * 64;
+  return tile_scale_row(static_cast<int32_t>((rows + 15) / 16 * 16),
+                        static_cast<int32_t>((cols + kColPad - 1) / kColPad));
 }
 std::vector<float> to_tile_scales(const float* src, int64_t rows, int64_t cols) {
-  const int64_t n = (cols + kColPad - 1) / kColPad, blocks = (n + 3) / 4;
+  const int32_t n = static_cast<int32_t>((cols + kColPad - 1) / kColPad);  // (rows and cols below 2^30)
   std::vector<float> out(static_cast<size_t>(tile_scale_count(rows, cols)), 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t g = 0; g < n; ++g) {
-      out[static_cast<size_t>(((r >> 4) * blocks + (g >> 2)) * 64 + (r & 15) * 4 + (g & 3))] = src[r * n + g];
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t g = 0; g < n; ++g) {
+      out[static_cast<size_t>(tile_scale_row(r, n) + tile_scale_grp(g))] =
+          src[static_cast<int64_t>(r) * n + g];
     }
   }
   return out;

@@ -89,11 +89,11 @@ __device__ __forceinline__ int64_t q4_row_byte(const DevMatrix& m, int row, int 
 // group's offset (q4_scale_row + q4_scale_grp), so streams keep one pointer per row and step by groups.
 __device__ __forceinline__ int64_t q4_scale_row(const DevMatrix& m, int row) {
   const int n = m.kp / kColPad;
-  if (m.layout == kTiles) return (static_cast<int64_t>(row >> 4) * ((n + 3) >> 2)) * 64 + (row & 15) * 4;
+  if (m.layout == kTiles) return tile_scale_row(row, n);
   return static_cast<int64_t>(row) * n;
 }
 __device__ __forceinline__ int32_t q4_scale_grp(bool tiles, int grp) {
-  return tiles ? (grp >> 2) * 64 + (grp & 3) : grp;
+  return tiles ? tile_scale_grp(grp) : grp;
 }
 __device__ __forceinline__ int64_t q4_scale_at(const DevMatrix& m, int row, int grp) {
   return q4_scale_row(m, row) + q4_scale_grp(m.layout == kTiles, grp);

@@ -450,10 +450,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const bool two = r + 1 < n_mine;  // warp-uniform
       const uint4 w[2] = {ld_unit_row(st.w0, two), ld_unit_row(st.w0 + st.w_d, two)};
       st.w0 += st.w_u;
-      const float* s0 = s_rem;
       const int32_t s_d = st.s_d;
-      const float sg[2] = {kGrouped ? __ldg(s0) : 0.0f, kGrouped && two ? __ldg(s0 + 1) : 0.0f};
-      const float sh[2] = {kGrouped ? __ldg(s0 + s_d) : 0.0f, kGrouped && two ? __ldg(s0 + s_d + 1) : 0.0f};
+      const float sg[2] = {kGrouped ? __ldg(s_rem) : 0.0f, kGrouped && two ? __ldg(s_rem + 1) : 0.0f};
+      const float sh[2] = {kGrouped ? __ldg(s_rem + s_d) : 0.0f, kGrouped && two ? __ldg(s_rem + s_d + 1) : 0.0f};
       s_rem += 2;
       const uint8_t* bu = two ? bnext : bnext - 16 * q;
       uint4 bt[NT][2];

@@ -33,6 +33,12 @@ constexpr int kColPad = 64;
 // pieces of 16 bytes a row apart (H100, runs 64-69: the decode layer 0.9-1.3 us faster at 1-4 rows).
 // Q4_ROW: scales[o] in both layouts.
 enum : int32_t { kRowMajor = 0, kTiles = 1 };
+// The kTiles scale index of group grp of row `row` (n groups per row) as a row part plus a group part; the
+// host's upload and the kernels both use these.
+__host__ __device__ inline int64_t tile_scale_row(int32_t row, int32_t n) {
+  return static_cast<int64_t>(row >> 4) * ((n + 3) >> 2) * 64 + (row & 15) * 4;
+}
+__host__ __device__ inline int32_t tile_scale_grp(int32_t grp) { return (grp >> 2) * 64 + (grp & 3); }
 struct DevMatrix {
   const void* data;
   const float* scales;
