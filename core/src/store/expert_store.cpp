@@ -9,16 +9,16 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cmath>
-#include <numeric>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <condition_variable>
 #include <exception>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <thread>
 #include <unordered_map>
 
@@ -38,7 +38,9 @@ constexpr uint64_t kPage = 4096;
 constexpr uint64_t kNoPiece = ~uint64_t{0};
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
 
 // The store's own thread for issuing GPU groups while the layer's thread starts its CPU rows: an issue costs
 // 0.1-0.2 ms of host time (planning, staging, launches), and a CPU job handed to sleeping TBB workers instead
@@ -132,7 +134,9 @@ std::string human(double b) {
   if (b >= 1024.0 * 1024.0) return fmt::format("{:.1f} MiB", b / (1024.0 * 1024.0));
   return fmt::format("{:.1f} KiB", b / 1024.0);
 }
-std::string human(uint64_t b) { return human(static_cast<double>(b)); }
+std::string human(uint64_t b) {
+  return human(static_cast<double>(b));
+}
 
 struct AlignedFree {
   void operator()(std::byte* p) const { std::free(p); }
@@ -204,7 +208,7 @@ StoreOptions StoreOptions::from(const RuntimeConfig& c) {
   o.overlap = c.scheduler.overlap;
   o.prefetch = c.scheduler.prefetch;
   o.reader.queue_depth = c.disk.queue_depth;
-  o.reader.direct = c.disk.direct_io == "true" ? DirectIo::kOn
+  o.reader.direct = c.disk.direct_io == "true"    ? DirectIo::kOn
                     : c.disk.direct_io == "false" ? DirectIo::kOff
                                                   : DirectIo::kAuto;
   o.reader.engine = c.disk.engine == "io_uring" ? IoEngine::kIoUring
@@ -220,23 +224,23 @@ StoreOptions StoreOptions::from(const RuntimeConfig& c) {
 // in the mapping.
 struct Run {
   int file = 0;
-  uint64_t offset = 0, length = 0;  // the pieces' bytes in the file
+  uint64_t offset = 0, length = 0;            // the pieces' bytes in the file
   uint64_t read_offset = 0, read_length = 0;  // page-aligned superset actually read (clamped to the file)
   uint64_t dst = 0;                           // where read_offset lands in the buffer
 };
 
 struct ExpertStore::Entry {
-  ExpertMatrices host;                // as bound at load (mapping or memory made at load)
-  ExpertMatrices vram;                // host with resident copies attached (kVram)
+  ExpertMatrices host;  // as bound at load (mapping or memory made at load)
+  ExpertMatrices vram;  // host with resident copies attached (kVram)
   std::vector<ResidentMatrix> resident;
-  Buffer pinned;                      // kRam by copy
+  Buffer pinned;  // kRam by copy
   ExpertMatrices pinned_view;
-  std::vector<Run> runs;              // empty: not streamable (memory made at load)
-  uint64_t buffer_bytes = 0;          // a buffer holding every run
+  std::vector<Run> runs;      // empty: not streamable (memory made at load)
+  uint64_t buffer_bytes = 0;  // a buffer holding every run
   // Where each piece (data, scales of gate, up, down) lands in such a buffer; kNoPiece for absent scales.
   std::array<uint64_t, 6> piece_pos{};
   Tier tier = Tier::kRam;
-  int32_t slot = -1;                  // kCache: its slot
+  int32_t slot = -1;  // kCache: its slot
 };
 
 struct ExpertStore::Slot {
@@ -244,7 +248,7 @@ struct ExpertStore::Slot {
   int64_t key = -1;  // layer * experts + expert, -1 = free
   ExpertMatrices view;
   uint64_t last_use = 0;
-  int pins = 0;      // in use by the layer being run
+  int pins = 0;  // in use by the layer being run
 };
 
 struct ExpertStore::Impl {
@@ -253,8 +257,8 @@ struct ExpertStore::Impl {
   StoreOptions options;
   int64_t layers = 0, experts = 0, hidden = 0;
   std::vector<Entry> entries;  // [layer * experts + expert]; layers without experts stay empty
-  // Shared experts copied to the GPU tier (per layer; empty = on the dense backend): with a GPU tier they join
-  // the GPU group instead of competing with the CPU rows for the cores.
+  // Shared experts copied to the GPU tier (per layer; empty = on the dense backend): with a GPU tier they
+  // join the GPU group instead of competing with the CPU rows for the cores.
   std::vector<ExpertMatrices> shared_vram;
   std::vector<std::vector<ResidentMatrix>> shared_res;
   std::vector<Slot> slots;
@@ -348,8 +352,9 @@ struct ExpertStore::Impl {
         present.push_back(pc);
       }
     }
-    std::sort(present.begin(), present.end(),
-              [](const Piece& a, const Piece& b) { return std::tie(a.file, a.off) < std::tie(b.file, b.off); });
+    std::sort(present.begin(), present.end(), [](const Piece& a, const Piece& b) {
+      return std::tie(a.file, a.off) < std::tie(b.file, b.off);
+    });
     std::vector<Run> runs;
     for (const auto& pc : present) {
       if (!runs.empty() && runs.back().file == pc.file &&
@@ -474,9 +479,10 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
   }
   if (s.cpu == nullptr) s.cpu = b.dense.get();
   if (s.cpu->has_device_memory()) {
-    plan_.warnings.push_back(fmt::format("no CPU backend among the chosen ones: experts outside VRAM run on {} "
-                                         "from host memory, and a failed GPU group is retried there",
-                                         s.cpu->name()));
+    plan_.warnings.push_back(
+        fmt::format("no CPU backend among the chosen ones: experts outside VRAM run on {} "
+                    "from host memory, and a failed GPU group is retried there",
+                    s.cpu->name()));
   }
   for (const auto& e : b.experts) {
     if (e->has_device_memory() && e->has_async() && e.get() != s.cpu) {
@@ -536,9 +542,10 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
         // A file named in the config must be right; the automatic one beside the model is just replaced
         // (the model's config or weights changed since it was written).
         if (options.pin != "auto") throw;
-        plan_.warnings.push_back(fmt::format("{}; starting new statistics (the file is replaced at the end of "
-                                             "this turn)",
-                                             e.what()));
+        plan_.warnings.push_back(
+            fmt::format("{}; starting new statistics (the file is replaced at the end of "
+                        "this turn)",
+                        e.what()));
       }
     }
   }
@@ -566,9 +573,10 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
   if (options.ram_gb) {
     plan_.ram_budget = static_cast<uint64_t>(*options.ram_gb * kGiB);
     if (avail > 0 && plan_.ram_budget > room) {
-      plan_.warnings.push_back(fmt::format(
-          "memory.ram_gb {} is more than this machine has for experts ({} available − {} dense); clamped to {}",
-          *options.ram_gb, human(avail), human(plan_.dense_bytes), human(room)));
+      plan_.warnings.push_back(
+          fmt::format("memory.ram_gb {} is more than this machine has for experts ({} available − {} dense); "
+                      "clamped to {}",
+                      *options.ram_gb, human(avail), human(plan_.dense_bytes), human(room)));
       plan_.ram_budget = room;
     }
   } else {
@@ -582,10 +590,10 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
     if (options.vram_gb) {
       const auto want = static_cast<uint64_t>(*options.vram_gb * kGiB);
       if (want > budget) {
-        plan_.warnings.push_back(fmt::format("memory.vram_gb {} is more than {} can hold ({} free − {} reserve); "
-                                             "clamped to {}",
-                                             *options.vram_gb, s.gpu->name(), human(mi.free), human(reserve),
-                                             human(budget)));
+        plan_.warnings.push_back(
+            fmt::format("memory.vram_gb {} is more than {} can hold ({} free − {} reserve); "
+                        "clamped to {}",
+                        *options.vram_gb, s.gpu->name(), human(mi.free), human(reserve), human(budget)));
       } else {
         budget = want;
       }
@@ -607,7 +615,8 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
         used += sb;
         ++plan_.shared_vram;
       } catch (const Error& err) {
-        plan_.warnings.push_back(fmt::format("shared expert of layer {} stays on the CPU: {}", l, err.what()));
+        plan_.warnings.push_back(
+            fmt::format("shared expert of layer {} stays on the CPU: {}", l, err.what()));
       }
     }
     for (auto [l, e] : order) {
@@ -618,7 +627,8 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
       try {
         s.upload(en);
       } catch (const Error& err) {
-        plan_.warnings.push_back(fmt::format("VRAM upload stopped after {} experts: {}", plan_.vram, err.what()));
+        plan_.warnings.push_back(
+            fmt::format("VRAM upload stopped after {} experts: {}", plan_.vram, err.what()));
         break;
       }
       en.tier = Tier::kVram;
@@ -640,7 +650,8 @@ ExpertStore::ExpertStore(const Model& model, const SafetensorsSet& tensors, cons
   if (rest_bytes <= plan_.ram_budget || !all_streamable) {
     if (rest_bytes > plan_.ram_budget) {
       plan_.warnings.push_back(
-          "the routed experts were transformed at load (e.g. --quant), so they live in RAM and cannot be streamed "
+          "the routed experts were transformed at load (e.g. --quant), so they live in RAM and cannot be "
+          "streamed "
           "from disk; convert the checkpoint (strata convert) to stream them");
     }
     plan_.mapped = true;
@@ -702,21 +713,23 @@ std::string ExpertStore::plan_text() const {
   const StorePlan& p = plan_;
   std::string t;
   const uint64_t eb = p.expert_bytes;
-  t += fmt::format("expert plan: {} routed experts of {} each ({} in all); dense part {}\n", p.experts, human(eb),
-                   human(eb * static_cast<uint64_t>(p.experts)), human(p.dense_bytes));
+  t += fmt::format("expert plan: {} routed experts of {} each ({} in all); dense part {}\n", p.experts,
+                   human(eb), human(eb * static_cast<uint64_t>(p.experts)), human(p.dense_bytes));
   if (!p.gpu.empty()) {
-    t += fmt::format("  vram ({}): {} experts, {} (budget {}){}\n", p.gpu, p.vram, human(eb * p.vram),
-                     human(p.vram_budget),
-                     p.shared_vram > 0 ? fmt::format("; the shared experts of {} layers", p.shared_vram) : "");
+    t +=
+        fmt::format("  vram ({}): {} experts, {} (budget {}){}\n", p.gpu, p.vram, human(eb * p.vram),
+                    human(p.vram_budget),
+                    p.shared_vram > 0 ? fmt::format("; the shared experts of {} layers", p.shared_vram) : "");
   }
   if (p.mapped) {
     t += fmt::format("  ram: {} experts used from the mapped checkpoint, {} (budget {})\n", p.ram,
                      human(eb * p.ram), human(p.ram_budget));
   } else {
-    t += fmt::format("  ram: {} pinned experts; cache: {} slots of {} ({}); disk: {} experts streamed "
-                     "(reads: {}, queue depth {})\n",
-                     p.ram, p.cache_slots, human(p.slot_bytes), human(p.slot_bytes * p.cache_slots), p.streamed,
-                     impl_->reader->engine_name(), impl_->options.reader.queue_depth);
+    t += fmt::format(
+        "  ram: {} pinned experts; cache: {} slots of {} ({}); disk: {} experts streamed "
+        "(reads: {}, queue depth {})\n",
+        p.ram, p.cache_slots, human(p.slot_bytes), human(p.slot_bytes * p.cache_slots), p.streamed,
+        impl_->reader->engine_name(), impl_->options.reader.queue_depth);
   }
   // The expected bottleneck, with routing spread evenly over the experts: bytes per token from each tier.
   const double n = static_cast<double>(std::max<int64_t>(p.experts, 1));
@@ -765,7 +778,8 @@ void ExpertStore::issue_prefetch(int64_t layer, const float* x, int64_t T) {
       const float* w = m.router.data() + e * H;
       float acc = 0;
       for (int64_t i = 0; i < H; ++i) acc += w[i] * xr[i];
-      score[static_cast<size_t>(e)] = sigmoid ? 1.0f / (1.0f + std::exp(-acc)) + m.router_bias[static_cast<size_t>(e)] : acc;
+      score[static_cast<size_t>(e)] =
+          sigmoid ? 1.0f / (1.0f + std::exp(-acc)) + m.router_bias[static_cast<size_t>(e)] : acc;
     }
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int64_t a, int64_t b) {
@@ -791,7 +805,8 @@ void ExpertStore::issue_prefetch(int64_t layer, const float* x, int64_t T) {
     for (size_t i = 0; i < s.slots.size(); ++i) {
       const Slot& sl = s.slots[i];
       if (sl.pins > 0 || (sl.key >= 0 && s.clock - sl.last_use < moe_layers)) continue;
-      if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use) best = static_cast<int32_t>(i);
+      if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use)
+        best = static_cast<int32_t>(i);
     }
     if (best < 0) break;
     Slot& slot = s.slots[static_cast<size_t>(best)];
@@ -859,7 +874,8 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   std::vector<const Work*> misses;
   std::vector<int32_t> all_rows;
   const bool shared_gpu = shared_out != nullptr && shared_on_gpu(layer);
-  if (shared_out != nullptr && !shared_gpu) fail(kComp, "run_layer: layer {} has no shared expert on the GPU", layer);
+  if (shared_out != nullptr && !shared_gpu)
+    fail(kComp, "run_layer: layer {} has no shared expert on the GPU", layer);
   if (shared_gpu) {
     all_rows.resize(static_cast<size_t>(T));
     std::iota(all_rows.begin(), all_rows.end(), 0);
@@ -875,7 +891,8 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
       fail(kComp, "run_layer: expert {} of layer {} is out of range or listed twice", w.expert, layer);
     }
     seen[static_cast<size_t>(w.expert)] = true;
-    if (!w.rows.empty() && s.entry(layer, w.expert).tier == Tier::kDisk && s.entry(layer, w.expert).runs.empty()) {
+    if (!w.rows.empty() && s.entry(layer, w.expert).tier == Tier::kDisk &&
+        s.entry(layer, w.expert).runs.empty()) {
       fail(kComp, "internal: expert {} of layer {} is on disk but has no file ranges", w.expert, layer);
     }
   }
@@ -974,7 +991,7 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
   bool gpu_failed = false;
   std::string gpu_error;
   double issue_s = 0, issued_at = -1;  // the issue's duration; when it ended, from the layer's start
-  bool issue_posted = false;  // the GPU issue runs on the store's issue thread
+  bool issue_posted = false;           // the GPU issue runs on the store's issue thread
   auto cleanup = [&] {
     try {
       while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
@@ -995,206 +1012,210 @@ void ExpertStore::run_layer(int64_t layer, const float* x, int64_t T, std::span<
     for (auto& sl : s.slots) sl.pins = 0;
   };
   try {
-  // 1. Shared expert (when on the CPU) first: with overlap a graph task that starts at once on a worker. The
-  // GPU group goes to the store's issue thread (the issue costs ~0.1 ms of host time: planning, staging,
-  // launches), so the CPU rows, usually the longer part, never wait for it.
-  if (alongside) {
-    if (s.options.overlap) {
-      side.try_put(0);
-    } else {
-      alongside();
-    }
-  }
-  const bool dispatched_cpu = !ram_tasks.empty();
-
-  // 2. GPU group, issued without waiting (serially: issued and taken now).
-  auto recompute_gpu_on_cpu = [&](const std::string& why) {
-    if (!s.gpu_warned) {
-      fmt::print(stderr, "strata: warning: GPU expert group failed ({}); recomputing it on the CPU\n", why);
-      s.gpu_warned = true;
-    }
-    ++s.tel.gpu_fallbacks;
-    // The host views (mapping, or memory made at load) stay valid for VRAM experts: compute from them.
-    std::vector<ExpertTask> host = gpu_tasks;
-    for (size_t i = 0; i < host.size(); ++i) host[i].expert = gpu_host[i];
-    s.cpu->expert_group(x, T, H, host);
-  };
-  // With CPU work beside it (overlap on), the issue goes to the store's issue thread, and this thread goes on
-  // to the disk reads and into the CPU rows (g.wait_for_all runs the CPU job here if no worker has taken it).
-  const bool cpu_work = !misses.empty() || static_cast<bool>(alongside) || dispatched_cpu;
-  const bool issue_beside = s.options.overlap && cpu_work && !gpu_tasks.empty();
-  auto issue_gpu = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    try {
-      pending = s.gpu->issue(x, T, H, gpu_tasks);
-    } catch (const Error& e) {
-      pending = PendingGroup();
-      gpu_failed = true;
-      gpu_error = e.what();
-    }
-    issue_s = seconds_since(t0);
-    issued_at = seconds_since(t_layer);
-  };
-  // Waits for the issued group (its wait is counted as take time); a failure recomputes it on the CPU.
-  auto take_gpu = [&] {
-    const auto t1 = std::chrono::steady_clock::now();
-    try {
-      pending.take();
-    } catch (const Error& e) {
-      recompute_gpu_on_cpu(e.what());
-    }
-    s.tel.take_s += seconds_since(t1);
-    gpu_done = seconds_since(t_layer);
-  };
-  // Only the issue goes to the issue thread; this thread takes the group after its CPU rows. A take on the
-  // issue thread (its wait yielding the core) finished 40-80 µs per layer after the rows on the H200's busy host
-  // (it was not scheduled again until a row thread stopped); here the GPU is long done and the take is the
-  // output copy (run 2026-12-03 #6: overlap 1.148 / 1.176 -> 1.064 / 1.138 at 50 / 75 % of the experts in VRAM).
-  if (issue_beside) {
-    if (!s.issuer) s.issuer = std::make_unique<IssueThread>();
-    s.issuer->post(issue_gpu);
-    issue_posted = true;
-  } else if (!gpu_tasks.empty()) {
-    issue_gpu();
-    s.tel.gpu_issue_s += issue_s;
-    if (gpu_failed) {
-      recompute_gpu_on_cpu(gpu_error);
-    } else if (!s.options.overlap) {
-      take_gpu();
-    }
-  }
-
-  // The resident rows, once the GPU group is on its way (on this thread unless disk reads follow; dispatch).
-  // Without disk misses the next layer's look-ahead reads go out first (nothing else is submitted); with them,
-  // after this layer's reads.
-  const bool prefetch_first = s.options.prefetch && misses.empty();
-  if (prefetch_first) issue_prefetch(layer, x, T);
-  if (dispatched_cpu) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
-
-  // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to the
-  // CPU rows as soon as all its runs have landed.
-  if (!misses.empty()) {
-    double waited = 0;
-    std::unordered_map<uint64_t, size_t> ticket_miss;  // ticket → index in misses
-    std::vector<int> runs_left(misses.size(), 0);
-    std::vector<int32_t> miss_slot(misses.size(), -1);
-    auto land = [&](const FileReader::Completion& c) {
-      c.check();
-      const size_t i = ticket_miss.at(c.ticket);
-      if (--runs_left[i] > 0) return;
-      const Work& w = *misses[i];
-      Entry& en = s.entry(layer, w.expert);
-      Slot& sl = s.slots[static_cast<size_t>(miss_slot[i])];
-      sl.view = s.view_in(en, sl.mem.get());
-      sl.key = layer * s.experts + w.expert;
-      en.tier = Tier::kCache;
-      en.slot = miss_slot[i];
-      s.tel.disk_bytes += en.buffer_bytes;
-      Job job;
-      job.tasks.push_back({&sl.view, w.rows, w.out});
-      job.slots.push_back(miss_slot[i]);
-      dispatch(std::move(job));
-    };
-    auto wait_one = [&] {
-      const auto t0 = std::chrono::steady_clock::now();
-      const auto c = s.reader->wait_any();
-      waited += seconds_since(t0);
-      if (s.pf_ticket.count(c.ticket)) {
-        s.pf_land(c);
+    // 1. Shared expert (when on the CPU) first: with overlap a graph task that starts at once on a worker.
+    // The GPU group goes to the store's issue thread (the issue costs ~0.1 ms of host time: planning,
+    // staging, launches), so the CPU rows, usually the longer part, never wait for it.
+    if (alongside) {
+      if (s.options.overlap) {
+        side.try_put(0);
       } else {
-        land(c);
+        alongside();
       }
-    };
-    auto free_slot = [&]() -> int32_t {
-      int32_t best = -1;
-      std::lock_guard<std::mutex> l(pin_mu);
-      for (size_t i = 0; i < s.slots.size(); ++i) {
-        const Slot& sl = s.slots[i];
-        if (sl.pins > 0) continue;
-        if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use) best = static_cast<int32_t>(i);
-      }
-      return best;
-    };
-    try {
-      for (size_t i = 0; i < misses.size(); ++i) {
-        int32_t sl = free_slot();
-        while (sl < 0) {
-          // Every slot is being read or computed: let a read land, or the CPU rows finish.
-          if (s.reader->outstanding() > 0) {
-            wait_one();
-          } else {
-            g.wait_for_all();
-            if (cpu_error) std::rethrow_exception(cpu_error);
-            sl = free_slot();
-            if (sl < 0) fail(kComp, "internal: every expert cache slot is in use with nothing in flight");
-          }
-          sl = free_slot();
-        }
-        Slot& slot = s.slots[static_cast<size_t>(sl)];
-        {
-          std::lock_guard<std::mutex> l(pin_mu);
-          slot.pins = 1;
-        }
-        if (slot.key >= 0) {  // evict
-          Entry& old = s.entries[static_cast<size_t>(slot.key)];
-          old.tier = Tier::kDisk;
-          old.slot = -1;
-          slot.key = -1;
-        }
-        slot.last_use = s.clock;
-        miss_slot[i] = sl;
-        const Entry& en = s.entry(layer, misses[i]->expert);
-        ++s.tel.disk_reads;
-        runs_left[i] = static_cast<int>(en.runs.size());
-        for (const Run& r : en.runs) {
-          const uint64_t t = s.reader->submit(r.file, r.read_offset, r.read_length, slot.mem.get() + r.dst);
-          ticket_miss[t] = i;
-        }
-        if (!s.options.overlap) {
-          while (runs_left[i] > 0) wait_one();
-        }
-      }
-      while (s.reader->outstanding() > s.pf_ticket.size()) wait_one();
-    } catch (...) {
-      // A failed read: let everything in flight finish, leave no half-read slot behind, report the read.
-      try {
-        while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
-      } catch (...) {
-      }
-      g.wait_for_all();
-      for (size_t i = 0; i < misses.size(); ++i) {
-        if (miss_slot[i] < 0) continue;
-        Slot& slot = s.slots[static_cast<size_t>(miss_slot[i])];
-        if (runs_left[i] > 0) {
-          slot.pins = 0;
-          slot.key = -1;
-        }
-      }
-      throw;
     }
-    s.tel.disk_wait_s += waited;
-  }
+    const bool dispatched_cpu = !ram_tasks.empty();
 
-  if (s.options.prefetch && !prefetch_first) issue_prefetch(layer, x, T);
-  g.wait_for_all();
-  s.tel.cpu_rows_s += cpu_s;
-  if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
-  if (cpu_end >= 0) s.tel.cpu_end_s += cpu_end;
-  if (issue_posted) {  // issued on the issue thread (normally long done): waiting for it counts as take time
-    const auto t1 = std::chrono::steady_clock::now();
-    s.issuer->wait();
-    issue_posted = false;
-    s.tel.take_s += seconds_since(t1);
-    s.tel.gpu_issue_s += issue_s;
-    if (gpu_failed) {
-      recompute_gpu_on_cpu(gpu_error);
+    // 2. GPU group, issued without waiting (serially: issued and taken now).
+    auto recompute_gpu_on_cpu = [&](const std::string& why) {
+      if (!s.gpu_warned) {
+        fmt::print(stderr, "strata: warning: GPU expert group failed ({}); recomputing it on the CPU\n", why);
+        s.gpu_warned = true;
+      }
+      ++s.tel.gpu_fallbacks;
+      // The host views (mapping, or memory made at load) stay valid for VRAM experts: compute from them.
+      std::vector<ExpertTask> host = gpu_tasks;
+      for (size_t i = 0; i < host.size(); ++i) host[i].expert = gpu_host[i];
+      s.cpu->expert_group(x, T, H, host);
+    };
+    // With CPU work beside it (overlap on), the issue goes to the store's issue thread, and this thread goes
+    // on to the disk reads and into the CPU rows (g.wait_for_all runs the CPU job here if no worker has taken
+    // it).
+    const bool cpu_work = !misses.empty() || static_cast<bool>(alongside) || dispatched_cpu;
+    const bool issue_beside = s.options.overlap && cpu_work && !gpu_tasks.empty();
+    auto issue_gpu = [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        pending = s.gpu->issue(x, T, H, gpu_tasks);
+      } catch (const Error& e) {
+        pending = PendingGroup();
+        gpu_failed = true;
+        gpu_error = e.what();
+      }
+      issue_s = seconds_since(t0);
+      issued_at = seconds_since(t_layer);
+    };
+    // Waits for the issued group (its wait is counted as take time); a failure recomputes it on the CPU.
+    auto take_gpu = [&] {
+      const auto t1 = std::chrono::steady_clock::now();
+      try {
+        pending.take();
+      } catch (const Error& e) {
+        recompute_gpu_on_cpu(e.what());
+      }
+      s.tel.take_s += seconds_since(t1);
       gpu_done = seconds_since(t_layer);
+    };
+    // Only the issue goes to the issue thread; this thread takes the group after its CPU rows. A take on the
+    // issue thread (its wait yielding the core) finished 40-80 µs per layer after the rows on the H200's busy
+    // host (it was not scheduled again until a row thread stopped); here the GPU is long done and the take is
+    // the output copy (run 2026-12-03 #6: overlap 1.148 / 1.176 -> 1.064 / 1.138 at 50 / 75 % of the experts
+    // in VRAM).
+    if (issue_beside) {
+      if (!s.issuer) s.issuer = std::make_unique<IssueThread>();
+      s.issuer->post(issue_gpu);
+      issue_posted = true;
+    } else if (!gpu_tasks.empty()) {
+      issue_gpu();
+      s.tel.gpu_issue_s += issue_s;
+      if (gpu_failed) {
+        recompute_gpu_on_cpu(gpu_error);
+      } else if (!s.options.overlap) {
+        take_gpu();
+      }
     }
-  }
-  if (pending) take_gpu();
-  if (gpu_done >= 0) s.tel.gpu_done_s += gpu_done;
-  if (issued_at >= 0) s.tel.gpu_issued_s += issued_at;  // (the issue thread's write: read after its wait)
-  if (cpu_error) std::rethrow_exception(cpu_error);
+
+    // The resident rows, once the GPU group is on its way (on this thread unless disk reads follow;
+    // dispatch). Without disk misses the next layer's look-ahead reads go out first (nothing else is
+    // submitted); with them, after this layer's reads.
+    const bool prefetch_first = s.options.prefetch && misses.empty();
+    if (prefetch_first) issue_prefetch(layer, x, T);
+    if (dispatched_cpu) dispatch(Job{std::move(ram_tasks), std::move(hit_slots)});
+
+    // 3. Disk: each missing expert gets a slot (the least recently used free one) and its reads; it goes to
+    // the CPU rows as soon as all its runs have landed.
+    if (!misses.empty()) {
+      double waited = 0;
+      std::unordered_map<uint64_t, size_t> ticket_miss;  // ticket → index in misses
+      std::vector<int> runs_left(misses.size(), 0);
+      std::vector<int32_t> miss_slot(misses.size(), -1);
+      auto land = [&](const FileReader::Completion& c) {
+        c.check();
+        const size_t i = ticket_miss.at(c.ticket);
+        if (--runs_left[i] > 0) return;
+        const Work& w = *misses[i];
+        Entry& en = s.entry(layer, w.expert);
+        Slot& sl = s.slots[static_cast<size_t>(miss_slot[i])];
+        sl.view = s.view_in(en, sl.mem.get());
+        sl.key = layer * s.experts + w.expert;
+        en.tier = Tier::kCache;
+        en.slot = miss_slot[i];
+        s.tel.disk_bytes += en.buffer_bytes;
+        Job job;
+        job.tasks.push_back({&sl.view, w.rows, w.out});
+        job.slots.push_back(miss_slot[i]);
+        dispatch(std::move(job));
+      };
+      auto wait_one = [&] {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto c = s.reader->wait_any();
+        waited += seconds_since(t0);
+        if (s.pf_ticket.count(c.ticket)) {
+          s.pf_land(c);
+        } else {
+          land(c);
+        }
+      };
+      auto free_slot = [&]() -> int32_t {
+        int32_t best = -1;
+        std::lock_guard<std::mutex> l(pin_mu);
+        for (size_t i = 0; i < s.slots.size(); ++i) {
+          const Slot& sl = s.slots[i];
+          if (sl.pins > 0) continue;
+          if (best < 0 || sl.last_use < s.slots[static_cast<size_t>(best)].last_use)
+            best = static_cast<int32_t>(i);
+        }
+        return best;
+      };
+      try {
+        for (size_t i = 0; i < misses.size(); ++i) {
+          int32_t sl = free_slot();
+          while (sl < 0) {
+            // Every slot is being read or computed: let a read land, or the CPU rows finish.
+            if (s.reader->outstanding() > 0) {
+              wait_one();
+            } else {
+              g.wait_for_all();
+              if (cpu_error) std::rethrow_exception(cpu_error);
+              sl = free_slot();
+              if (sl < 0) fail(kComp, "internal: every expert cache slot is in use with nothing in flight");
+            }
+            sl = free_slot();
+          }
+          Slot& slot = s.slots[static_cast<size_t>(sl)];
+          {
+            std::lock_guard<std::mutex> l(pin_mu);
+            slot.pins = 1;
+          }
+          if (slot.key >= 0) {  // evict
+            Entry& old = s.entries[static_cast<size_t>(slot.key)];
+            old.tier = Tier::kDisk;
+            old.slot = -1;
+            slot.key = -1;
+          }
+          slot.last_use = s.clock;
+          miss_slot[i] = sl;
+          const Entry& en = s.entry(layer, misses[i]->expert);
+          ++s.tel.disk_reads;
+          runs_left[i] = static_cast<int>(en.runs.size());
+          for (const Run& r : en.runs) {
+            const uint64_t t = s.reader->submit(r.file, r.read_offset, r.read_length, slot.mem.get() + r.dst);
+            ticket_miss[t] = i;
+          }
+          if (!s.options.overlap) {
+            while (runs_left[i] > 0) wait_one();
+          }
+        }
+        while (s.reader->outstanding() > s.pf_ticket.size()) wait_one();
+      } catch (...) {
+        // A failed read: let everything in flight finish, leave no half-read slot behind, report the read.
+        try {
+          while (s.reader->outstanding() > 0) (void)s.reader->wait_any();
+        } catch (...) {
+        }
+        g.wait_for_all();
+        for (size_t i = 0; i < misses.size(); ++i) {
+          if (miss_slot[i] < 0) continue;
+          Slot& slot = s.slots[static_cast<size_t>(miss_slot[i])];
+          if (runs_left[i] > 0) {
+            slot.pins = 0;
+            slot.key = -1;
+          }
+        }
+        throw;
+      }
+      s.tel.disk_wait_s += waited;
+    }
+
+    if (s.options.prefetch && !prefetch_first) issue_prefetch(layer, x, T);
+    g.wait_for_all();
+    s.tel.cpu_rows_s += cpu_s;
+    if (cpu_start >= 0) s.tel.cpu_start_s += cpu_start;
+    if (cpu_end >= 0) s.tel.cpu_end_s += cpu_end;
+    if (issue_posted) {  // issued on the issue thread (normally long done): waiting for it counts as take
+                         // time
+      const auto t1 = std::chrono::steady_clock::now();
+      s.issuer->wait();
+      issue_posted = false;
+      s.tel.take_s += seconds_since(t1);
+      s.tel.gpu_issue_s += issue_s;
+      if (gpu_failed) {
+        recompute_gpu_on_cpu(gpu_error);
+        gpu_done = seconds_since(t_layer);
+      }
+    }
+    if (pending) take_gpu();
+    if (gpu_done >= 0) s.tel.gpu_done_s += gpu_done;
+    if (issued_at >= 0) s.tel.gpu_issued_s += issued_at;  // (the issue thread's write: read after its wait)
+    if (cpu_error) std::rethrow_exception(cpu_error);
   } catch (...) {
     cleanup();
     throw;
@@ -1242,8 +1263,10 @@ void ExpertStore::end_turn() {
       if (l >= s.layers || !s.model.layers()[static_cast<size_t>(l)].moe) continue;
       const int64_t key = l * s.experts + e;
       const Entry& en = s.entries[static_cast<size_t>(key)];
-      if (is_member(en)) members.push_back(key);
-      else if (is_candidate(en)) candidates.push_back(key);
+      if (is_member(en))
+        members.push_back(key);
+      else if (is_candidate(en))
+        candidates.push_back(key);
     }
     int moves = 0;
     for (int64_t cand : candidates) {
@@ -1259,7 +1282,9 @@ void ExpertStore::end_turn() {
     // The pinned set (kRam with a pinned copy). The member's buffer (slot-sized, so it fits any expert) takes
     // the candidate's bytes; a failed read leaves both as they were except the member, which then streams.
     rebalance([](const Entry& en) { return en.tier == Tier::kRam && static_cast<bool>(en.pinned); },
-              [](const Entry& en) { return (en.tier == Tier::kCache || en.tier == Tier::kDisk) && !en.runs.empty(); },
+              [](const Entry& en) {
+                return (en.tier == Tier::kCache || en.tier == Tier::kDisk) && !en.runs.empty();
+              },
               [&](Entry& in, Entry& out) {
                 Buffer buf = std::move(out.pinned);
                 out.tier = Tier::kDisk;
@@ -1291,9 +1316,9 @@ void ExpertStore::end_turn() {
                 try {
                   s.upload(in);
                 } catch (const std::exception& e) {
-                  plan_.warnings.push_back(fmt::format(
-                      "re-placement: an upload to {} failed ({}); VRAM holds one expert fewer", s.gpu->name(),
-                      e.what()));
+                  plan_.warnings.push_back(
+                      fmt::format("re-placement: an upload to {} failed ({}); VRAM holds one expert fewer",
+                                  s.gpu->name(), e.what()));
                   return;
                 }
                 release_slot(in);
