@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
     wb[m] = static_cast<const uint8_t*>(mat.data) + q4_row_byte(mat, o0, 0);
     sb[m] = mat.scales + (kGrouped ? q4_scale_row(mat, o0) : o0);
     tiles[m] = mat.layout == kTiles;
-    sstep[m] = !kGrouped ? 1 : tiles[m] ? 4 : kp / kColPad;
+    sstep[m] = kGrouped ? static_cast<int32_t>(q4_scale_row(mat, 1) - q4_scale_row(mat, 0)) : 1;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const int d = imin(i, last);
