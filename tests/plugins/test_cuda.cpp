@@ -860,10 +860,22 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
 }
 
 // The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against
-// the separate launches (STRATA_CUDA_LAYER=0): the same bits, staged and resident weights, both int4 formats,
+// the separate launches (STRATA_CUDA_LAYER=0): the same bits with resident weights (staged host weights take
+// the separate launches in both; checked too), both int4 formats,
 // odd shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8
 // experts of the same row (as at decode); several threads with layer kernels in flight at once on one device.
 // The layer kernel's mode: its environment settings (var, value).
+// g with its experts' matrices uploaded to b (kept alive by keep): the layer kernel runs on resident weights only.
+static Group on_device(const Backend& b, const Group& g, std::vector<ResidentMatrix>& keep) {
+  Group d = g;
+  for (auto& e : d.experts) {
+    keep.push_back(b.upload(e.gate));
+    keep.push_back(b.upload(e.up));
+    keep.push_back(b.upload(e.down));
+    e = {keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()};
+  }
+  return d;
+}
 static void gpu_case_layer(const PluginRecord* rec,
                            const std::vector<std::pair<const char*, const char*>>& env) {
   auto layer = make_cuda_with_envs(*rec, env);
@@ -935,7 +947,8 @@ static void gpu_case_layer(const PluginRecord* rec,
   // take turns).
   {
     const Group one(rng, 130, 48, 3, {2}, same_format(WeightFormat::Q4_G64, 1));
-    const auto a = one.run(*passes), b = one.run(*layer), c = one.run(*ref);
+    std::vector<ResidentMatrix> keep;
+    const auto a = one.run(*passes), b = on_device(*layer, one, keep).run(*layer), c = one.run(*ref);
     CHECK(std::memcmp(a[0].data(), b[0].data(), a[0].size() * 4) == 0);
     CHECK(rel_err(b[0].data(), c[0].data(), c[0].size()) <= kExactTol);
   }
@@ -944,8 +957,11 @@ static void gpu_case_layer(const PluginRecord* rec,
   {
     const Group wide(rng, 320, 200, 5, {1, 2}, same_format(WeightFormat::Q4_G64, 2));
     const Group narrow(rng, 320, 40, 5, {2, 1}, same_format(WeightFormat::Q4_G64, 2));
-    std::vector<const Group*> from = {&wide, &narrow, &wide, &narrow};
-    auto run = [&](const Backend& b) {
+    std::vector<ResidentMatrix> keep;
+    const Group wide_d = on_device(*layer, wide, keep), narrow_d = on_device(*layer, narrow, keep);
+    auto run = [&](const Backend& b, bool resident) {
+      const std::vector<const Group*> from = resident ? std::vector<const Group*>{&wide_d, &narrow_d, &wide_d, &narrow_d}
+                                                      : std::vector<const Group*>{&wide, &narrow, &wide, &narrow};
       std::vector<std::vector<float>> out(4);
       std::vector<ExpertTask> tasks;
       for (size_t k = 0; k < 4; ++k) {
@@ -956,7 +972,7 @@ static void gpu_case_layer(const PluginRecord* rec,
       b.expert_group(wide.x.data(), wide.n_x, 320, tasks);
       return out;
     };
-    const auto a = run(*passes), b = run(*layer), c = run(*ref);
+    const auto a = run(*passes, false), b = run(*layer, true), c = run(*ref, false);
     for (size_t k = 0; k < 4; ++k) {
       CAPTURE(k);
       CHECK(std::memcmp(a[k].data(), b[k].data(), a[k].size() * 4) == 0);
@@ -964,8 +980,10 @@ static void gpu_case_layer(const PluginRecord* rec,
     }
   }
   // Layer kernels of several threads' groups in flight at once (each slot has its own stream).
-  const Group grp(rng, 512, 256, 4, {1, 1, 2, 1, 1, 1}, same_format(WeightFormat::Q4_G64, 6));
-  const auto want = grp.run(*passes);
+  const Group host(rng, 512, 256, 4, {1, 1, 2, 1, 1, 1}, same_format(WeightFormat::Q4_G64, 6));
+  std::vector<ResidentMatrix> keep;
+  const Group grp = on_device(*layer, host, keep);
+  const auto want = host.run(*passes);
   std::vector<std::thread> threads;
   std::vector<int> ok(6, 0);
   for (int t = 0; t < 6; ++t) {

@@ -30,6 +30,7 @@
 namespace strata_cuda {
 
 __device__ __forceinline__ int imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 
 // Launches a kernel on on.stream (or, emulated, runs it now). `collectives`: the kernel uses warp-collective
 // instructions (the emulation then runs each warp as fibers). With on.pdl the launch may begin before the
@@ -77,11 +78,13 @@ __device__ __forceinline__ void grid_dep_launch() {
 }
 
 // Byte offset, from m.data, of byte `b` of row `row` (b: 16-byte aligned chunks stay contiguous; see DevMatrix).
+// q4_tile_byte: the same for a matrix known to be in kTiles.
+__device__ __forceinline__ int64_t q4_tile_byte(const DevMatrix& m, int row, int b) {
+  return static_cast<int64_t>(row >> 4) * 16 * m.stride + ((row >> 3) & 1) * 512 + (row & 7) * 64 +
+         static_cast<int64_t>(b >> 6) * 1024 + (b & 63);
+}
 __device__ __forceinline__ int64_t q4_row_byte(const DevMatrix& m, int row, int b) {
-  if (m.layout == kTiles) {
-    return static_cast<int64_t>(row >> 4) * 16 * m.stride + ((row >> 3) & 1) * 512 + (row & 7) * 64 +
-           static_cast<int64_t>(b >> 6) * 1024 + (b & 63);
-  }
+  if (m.layout == kTiles) return q4_tile_byte(m, row, b);
   return static_cast<int64_t>(row) * m.stride + b;
 }
 

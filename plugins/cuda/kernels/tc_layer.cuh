@@ -5,7 +5,9 @@
 // preparation pass does) and counts it; an item's down blocks load their first weights, then wait until all
 // of its groups are counted. So the down tiles of the first experts run while the last gate/up tiles still
 // do, with no kernel boundary, preparation launch or wave tail between the two passes; every tile's
-// arithmetic is tc_q4_tile's, so the results equal the separate launches' bit for bit.
+// arithmetic is tc_q4_tile's, so the results equal the separate launches' bit for bit. Every matrix of a
+// layer launch is a resident one in kTiles (the planner's condition; staged host weights take the separate
+// launches), so the tiles' addresses are compile-time strides (tc_q4_tile's TILES).
 //
 // No deadlock whatever the block scheduling: a block only ever waits (in a down tile) for gate/up tiles, whose
 // tickets are smaller; a gate/up tile waits only for the previous launch, and its ticket is held by a block
@@ -37,11 +39,11 @@ __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Re
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
+    return prime_i8_tile<FMT, true, true>(lw.items[i], t - i * lw.gu_tiles, r);
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
-  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
+  return prime_i8_tile<FMT, false, true>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
 }
 
 // Ticket t's timeline record from the times noted in shared memory (thread 0, as the tile ends; out of line, so
@@ -125,7 +127,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -153,7 +155,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB>(
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
