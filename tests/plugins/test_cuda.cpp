@@ -944,9 +944,11 @@ static void gpu_case_layer(const PluginRecord* rec,
   }
   // One small expert: 3 gate/up tiles and 3 down tiles, so a persistent block takes a down tile while the
   // others still hold gate/up tiles of the same expert, and waits for them (on the emulation too: its blocks
-  // take turns).
-  {
-    const Group one(rng, 130, 48, 3, {2}, same_format(WeightFormat::Q4_G64, 1));
+  // take turns). With 320 rows (20 gate/up tiles, 5 groups of h: a whole load batch and a remainder), its down
+  // tiles start when the first groups are encoded and the last are not: they read those, then wait (gate).
+  for (const int64_t ffn : {48, 320}) {
+    CAPTURE(ffn);
+    const Group one(rng, 130, ffn, 3, {2}, same_format(WeightFormat::Q4_G64, 1));
     std::vector<ResidentMatrix> keep;
     const auto a = one.run(*passes), b = on_device(*layer, one, keep).run(*layer), c = one.run(*ref);
     CHECK(std::memcmp(a[0].data(), b[0].data(), a[0].size() * 4) == 0);
