@@ -5,11 +5,13 @@
 //        16 (nibble - 8) as a signed byte, made from a word of 8 nibbles by one lop3 per 4 (q4_i8_even/odd).
 //        B holds each token as 4 columns, the int8 digit planes of a fixed-point form per 64-column group
 //        (prep_operands.cu: x = 2^(e - 30) m, |m| <= 2^30, m = d0 + 256 d1 + 65536 d2 + 2^24 d3). A group's
-//        int32 sums are exact; each is converted (|sum| <= 2^20: exact) and added to its plane's f32
-//        accumulator with the group multiplier 2^(e - 34) times the group scale (exact: a power of two), and
-//        the planes are combined at the end, most significant first. The only roundings are the encoding
-//        (2^-31 of the group's largest |x|) and the f32 accumulation over the groups, so the result is an
-//        f32-accurate dot product (measured against cpu_generic: below 1e-6 relative to the largest output).
+//        int32 sums are exact (|sum| <= 2^20). A thread's two columns of a token are adjacent planes (p, p + 1,
+//        p even): their sums are joined in int32 (s_p + 256 s_(p+1), |.| < 2^29), converted once (rounded to
+//        f32's 24 bits) and added to the pair's f32 accumulator with the group multiplier 2^(e - 34) times the
+//        group scale (exact: a power of two); the two pairs are combined at the end, the upper first. The
+//        roundings are the encoding (2^-31 of the group's largest |x|), the pair's conversion and the f32
+//        accumulation over the groups, so the result is an f32-accurate dot product (measured against
+//        cpu_generic: below 1e-6 relative to the largest output).
 //        A token's value never depends on the other tokens of the chunk, the chunk size or the n-tile count
 //        (every output column of an mma is computed on its own), so prefill and decode agree bit for bit.
 //   S = 1 (W4A16): mma.m16n8k16 on bf16, f32 accumulation; B is the activation rounded to bf16 (relative error
@@ -407,13 +409,13 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
               mma_s8_16832(c, a0, a1, a2, a3, b0, b1, c[0], c[1], c[2], c[3]);
             }
           }
-          // |c| <= 64 * 128 * 128 = 2^20: exact in f32; the multiplier times the scale is exact (a power of 2).
+          // |c| <= 64 * 128 * 128 = 2^20, so a plane pair's c[0] + 256 c[1] < 2^29 in int32 (one conversion
+          // instead of two: sm_90, 2 instructions less per group and n-tile, half the accumulators); the
+          // multiplier times the scale is exact (a power of 2).
           const float f0 = kGrouped ? sg[k] * mult[t][k] : mult[t][k];
           const float f1 = kGrouped ? sh[k] * mult[t][k] : mult[t][k];
-          acc[t][0] = fmaf(f0, static_cast<float>(c[0]), acc[t][0]);
-          acc[t][1] = fmaf(f0, static_cast<float>(c[1]), acc[t][1]);
-          acc[t][2] = fmaf(f1, static_cast<float>(c[2]), acc[t][2]);
-          acc[t][3] = fmaf(f1, static_cast<float>(c[3]), acc[t][3]);
+          acc[t][0] = fmaf(f0, static_cast<float>(c[0] + 256 * c[1]), acc[t][0]);
+          acc[t][2] = fmaf(f1, static_cast<float>(c[2] + 256 * c[3]), acc[t][2]);
         }
       }
     };
@@ -622,10 +624,15 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   carry.before_stage();
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    stage[warp][g][t * 8 + 2 * q] = acc[t][0];
-    stage[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
-    stage[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
-    stage[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
+    if constexpr (kI8) {  // plane pair q % 2 of token 2 t + q / 2: column 4 t + q
+      stage[warp][g][t * 4 + q] = acc[t][0];
+      stage[warp][g + 8][t * 4 + q] = acc[t][2];
+    } else {
+      stage[warp][g][t * 8 + 2 * q] = acc[t][0];
+      stage[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
+      stage[warp][g + 8][t * 8 + 2 * q] = acc[t][2];
+      stage[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
+    }
   }
   __syncthreads();
   carry.refill();
@@ -646,13 +653,10 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     const int i = idx & 15, tile = GATE_UP ? 0 : (idx >> 4) & (kParts - 1), r = idx / kRows;
     const int o = m0 + 16 * tile + i;
     if (o >= rows_out) continue;
-    // int8: the token's digit planes, most significant first: ((2^24 t3 + 2^16 t2) + 2^8 t1) + t0.
+    // int8: the token's plane pairs (columns 2 r + 1: planes 2, 3; 2 r: planes 0, 1), the upper first.
     auto token = [&](int m) {
       if constexpr (kI8) {
-        float v = total(m, i, kI8Planes * r + 3) * 16777216.0f;
-        v += total(m, i, kI8Planes * r + 2) * 65536.0f;
-        v += total(m, i, kI8Planes * r + 1) * 256.0f;
-        return v + total(m, i, kI8Planes * r);
+        return total(m, i, 2 * r + 1) * 65536.0f + total(m, i, 2 * r);
       } else {
         return total(m, i, r);
       }
