@@ -91,7 +91,7 @@ struct LayerCarry {
         first_missing = fminf(first_missing, __shfl_xor_sync(0xffffffffu, first_missing, off));
       ready_to += static_cast<int>(first_missing);
       if (ready_to >= grp_end) break;
-      sleep_ns(256);  // (a warp's poll is one 128-byte read; groups are encoded every few hundred ns)
+      sleep_ns(128);
     }
     if (ready_to >= gate_need) ready_to = 1 << 30;  // whole: no more polls
     __syncwarp();  // every lane's acquire, before any lane reads the groups
