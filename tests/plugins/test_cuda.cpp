@@ -945,7 +945,7 @@ static void gpu_case_layer(const PluginRecord* rec,
   // One small expert: 3 gate/up tiles and 3 down tiles, so a persistent block takes a down tile while the
   // others still hold gate/up tiles of the same expert, and waits for them (on the emulation too: its blocks
   // take turns). With 320 rows (20 gate/up tiles, 5 groups of h: a whole load batch and a remainder), its down
-  // tiles start when the first groups are encoded and the last are not: they read those, then wait (gate).
+  // tiles are taken when the first groups are encoded and the last are not.
   for (const int64_t ffn : {48, 320}) {
     CAPTURE(ffn);
     const Group one(rng, 130, ffn, 3, {2}, same_format(WeightFormat::Q4_G64, 1));

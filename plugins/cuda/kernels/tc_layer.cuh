@@ -62,11 +62,6 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-// A down tile that starts before all of its expert's down operand is encoded does not wait for the whole of it:
-// each warp's gate(e) returns once groups [0, e) are (their flags in LayerWork::sync, set by the encoding
-// blocks), polled 32 groups at a time, so the tile reads the groups the gate/up tiles finished first while the
-// last ones still run (the layer's last down tiles waited up to ~5 us each for their whole operand, H100 run72).
-constexpr int32_t kGroupEncoded = 1 << 16;  // added to a group's count of gate/up tiles done once it is encoded
 template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
@@ -76,26 +71,6 @@ struct LayerCarry {
   int* s_next;    // shared: the next ticket
   int next = -1;  // thread 0: the next ticket, once taken
   int next_all;   // every thread, after refill: the next ticket (past the last one: none)
-  const int32_t* gate_flags = nullptr;  // a gated down tile: its expert's group counts (kGroupEncoded: encoded)
-  int gate_need = 0;                    // the operand's groups
-  int ready_to = 1 << 30;               // groups [0, ready_to) known encoded (all: not gated)
-  __device__ __forceinline__ void gate(int grp_end) {
-    if (grp_end <= ready_to) return;  // warp-uniform
-    const int lane = static_cast<int>(threadIdx.x) & 31;
-    grp_end = imin(grp_end, gate_need);
-    for (;;) {
-      const int g = ready_to + lane;
-      const bool ok = g >= gate_need || ld_acquire_gpu(gate_flags + g) >= kGroupEncoded;
-      float first_missing = ok ? 32.0f : static_cast<float>(lane);
-      for (int off = 16; off >= 1; off >>= 1)
-        first_missing = fminf(first_missing, __shfl_xor_sync(0xffffffffu, first_missing, off));
-      ready_to += static_cast<int>(first_missing);
-      if (ready_to >= grp_end) break;
-      sleep_ns(128);
-    }
-    if (ready_to >= gate_need) ready_to = 1 << 30;  // whole: no more polls
-    __syncwarp();  // every lane's acquire, before any lane reads the groups
-  }
   __device__ __forceinline__ I8Regs& regs() { return r; }
   __device__ __forceinline__ int primed() const { return primed_; }
   __device__ __forceinline__ void near_end() {
@@ -175,10 +150,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
         }
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) {
-          atomicAdd(groups_ready + i, 1);
-          atomicAdd(tiles_done + i * n_grp + grp, kGroupEncoded);
-        }
+        if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
       }
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
@@ -187,14 +159,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
-            // Whole already (thread 0's acquire, then the barrier, order everyone's reads after it), or gated.
-            if (threadIdx.x == 0) s_last = ld_acquire_gpu(groups_ready + i) >= need;
-            __syncthreads();
-            if (!s_last) {
-              carry.gate_flags = tiles_done + i * n_grp;
-              carry.gate_need = need;
-              carry.ready_to = 0;
+            if (threadIdx.x == 0) {
+              while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
             }
+            __syncthreads();
             mark(kTimelineInputs);
           },
           carry);

@@ -270,12 +270,9 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 // kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already; near_end()
 // as the last two batches begin; before_stage() before the epilogue's shared-memory staging; refill() right
 // after its barrier (the next tile's first loads, while this one's epilogue runs); skip() instead of all of
-// these for a tile past the item's rows (called by the whole block: it may hold a barrier); gate(e) (exact mode,
-// by each warp before it reads operand groups below e) returns once they may be read (the layer kernel's down
-// tiles: once encoded).
+// these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
-  __device__ __forceinline__ void gate(int) {}
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
@@ -423,17 +420,10 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
-    int b_grp = g_first;  // the first group of the unit load_b reads next
-    // Before a batch's first load_b: its groups may be read (FRESH: carry.gate; waits only in the layer
-    // kernel's down tiles that started before their operand was whole).
-    auto gate_batch = [&] {
-      if constexpr (FRESH) carry.gate(b_grp + U);
-    };
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
       fetch_b(bv, bnext);
       b_at = bnext;
       bnext += 2 * kColPad;
-      b_grp += 2;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         mv[t][0] = ld_m(mnext + 2 * t * n_groups_all);
@@ -450,7 +440,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
       if (!kAheadB) {
-        gate_batch();
         load_b(bc, mc);
         mma_unit(wv[0], sg0, sh0, from_c, mc, true);
         load_b(bc, mc);
@@ -459,10 +448,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
       load_b(bn, mn);
       mma_unit(wv[0], sg0, sh0, from_c, mc, true);
-      if (!last) {
-        gate_batch();
-        load_b(bc, mc);
-      }
+      if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
     // The weight registers: the carry's (the persistent layer kernel: its first batches may be loaded) or own.
@@ -474,10 +460,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     run_batches(
         nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
-          if (kAheadB) {
-            gate_batch();
-            load_b(bc, mc);
-          }
+          if (kAheadB) load_b(bc, mc);
         },
         run_batch, [&] { carry.near_end(); });
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
@@ -492,7 +475,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const float sg[2] = {kGrouped ? __ldg(s_rem) : 0.0f, kGrouped && two ? __ldg(s_rem + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s_rem + s_d) : 0.0f, kGrouped && two ? __ldg(s_rem + s_d + 1) : 0.0f};
       s_rem += 2;
-      if constexpr (FRESH) carry.gate(g_first + r + 2);
       const uint8_t* bu = two ? bnext : bnext - 16 * q;
       uint4 bt[NT][2];
       float mt[NT][2];
