@@ -955,8 +955,8 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   }
   // One gate_up and one down launch, both exact tensor cores of one format with 1-2 n-tiles, over resident
   // matrices in tiles only (its addresses are compile-time strides; a group with staged host weights waits on
-  // their copies far longer than the layer kernel saves): the layer kernel (its items: the gate_up items, then
-  // the down items, both in chunk order; a down job per chunk).
+  // their copies far longer than the layer kernel saves): the layer kernel (its items: the gate_up items,
+  // then the down items, both in chunk order; a down job per chunk).
   if (settings_.layer_kernel && p.launches.size() == 2 && p.first_down_launch == 1) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&

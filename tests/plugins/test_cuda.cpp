@@ -859,13 +859,8 @@ TEST_CASE("cuda resident int4 matrices in 16-row tiles: every kernel family give
   }
 }
 
-// The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against
-// the separate launches (STRATA_CUDA_LAYER=0): the same bits with resident weights (staged host weights take
-// the separate launches in both; checked too), both int4 formats,
-// odd shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8
-// experts of the same row (as at decode); several threads with layer kernels in flight at once on one device.
-// The layer kernel's mode: its environment settings (var, value).
-// g with its experts' matrices uploaded to b (kept alive by keep): the layer kernel runs on resident weights only.
+// g with its experts' matrices uploaded to b (kept alive by keep): the layer kernel runs on resident weights
+// only.
 static Group on_device(const Backend& b, const Group& g, std::vector<ResidentMatrix>& keep) {
   Group d = g;
   for (auto& e : d.experts) {
@@ -876,6 +871,13 @@ static Group on_device(const Backend& b, const Group& g, std::vector<ResidentMat
   }
   return d;
 }
+
+// The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against
+// the separate launches (STRATA_CUDA_LAYER=0): the same bits with resident weights (staged host weights take
+// the separate launches in both; checked too), both int4 formats,
+// odd shapes (partial tiles, K slices with a remainder), 1-3 rows per expert and an expert without rows, 8
+// experts of the same row (as at decode); several threads with layer kernels in flight at once on one device.
+// The layer kernel's mode: its environment settings (var, value).
 static void gpu_case_layer(const PluginRecord* rec,
                            const std::vector<std::pair<const char*, const char*>>& env) {
   auto layer = make_cuda_with_envs(*rec, env);
@@ -944,8 +946,8 @@ static void gpu_case_layer(const PluginRecord* rec,
   }
   // One small expert: 3 gate/up tiles and 3 down tiles, so a persistent block takes a down tile while the
   // others still hold gate/up tiles of the same expert, and waits for them (on the emulation too: its blocks
-  // take turns). With 320 rows (20 gate/up tiles, 5 groups of h: a whole load batch and a remainder), its down
-  // tiles are taken when the first groups are encoded and the last are not.
+  // take turns). With 320 rows (20 gate/up tiles, 5 groups of h: a whole load batch and a remainder), its
+  // down tiles are taken when the first groups are encoded and the last are not.
   for (const int64_t ffn : {48, 320}) {
     CAPTURE(ffn);
     const Group one(rng, 130, ffn, 3, {2}, same_format(WeightFormat::Q4_G64, 1));
@@ -962,8 +964,9 @@ static void gpu_case_layer(const PluginRecord* rec,
     std::vector<ResidentMatrix> keep;
     const Group wide_d = on_device(*layer, wide, keep), narrow_d = on_device(*layer, narrow, keep);
     auto run = [&](const Backend& b, bool resident) {
-      const std::vector<const Group*> from = resident ? std::vector<const Group*>{&wide_d, &narrow_d, &wide_d, &narrow_d}
-                                                      : std::vector<const Group*>{&wide, &narrow, &wide, &narrow};
+      const std::vector<const Group*> from =
+          resident ? std::vector<const Group*>{&wide_d, &narrow_d, &wide_d, &narrow_d}
+                   : std::vector<const Group*>{&wide, &narrow, &wide, &narrow};
       std::vector<std::vector<float>> out(4);
       std::vector<ExpertTask> tasks;
       for (size_t k = 0; k < 4; ++k) {
