@@ -420,17 +420,15 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
-    auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2], bool load = true) {
-      if (load) {
-        fetch_b(bv, bnext);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          mv[t][0] = ld_m(mnext + 2 * t * n_groups_all);
-          mv[t][1] = ld_m(mnext + 2 * t * n_groups_all + 1);
-        }
-      }
+    auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
+      fetch_b(bv, bnext);
       b_at = bnext;
       bnext += 2 * kColPad;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        mv[t][0] = ld_m(mnext + 2 * t * n_groups_all);
+        mv[t][1] = ld_m(mnext + 2 * t * n_groups_all + 1);
+      }
       mnext += 2;
     };
     uint4 bc[NT][2] = {}, bn[NT][2] = {};
@@ -450,7 +448,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
       load_b(bn, mn);
       mma_unit(wv[0], sg0, sh0, from_c, mc, true);
-      load_b(bc, mc, !last);  // (the pointers advance in any case: no predicated updates in the loop)
+      if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
     // The weight registers: the carry's (the persistent layer kernel: its first batches may be loaded) or own.
@@ -465,10 +463,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
           if (kAheadB) load_b(bc, mc);
         },
         run_batch, [&] { carry.near_end(); });
-    if (kAheadB && nb > 0) {  // (the last batch advanced past a unit it did not load)
-      bnext -= 2 * kColPad;
-      mnext -= 2;
-    }
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
