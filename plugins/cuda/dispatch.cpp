@@ -217,6 +217,8 @@ struct LaunchSpec {
   uint64_t first_item;
   int n_items;
   int grid_x;
+  bool tiles =
+      false;  // tc: every matrix of its items resident in kTiles (the exact instances with constant strides)
 };
 
 struct ItemSpec {
@@ -709,6 +711,18 @@ int grid_for(bool tc, int splits, bool gate_up, int rows) {
   return (rows + per_block - 1) / per_block;
 }
 
+// Marks the tensor-core launches whose items' matrices are all resident in kTiles (LaunchSpec::tiles).
+void mark_tile_launches(Plan& p) {
+  for (LaunchSpec& l : p.launches) {
+    l.tiles = l.tc;
+    for (uint64_t i = l.first_item; l.tiles && i < l.first_item + static_cast<uint64_t>(l.n_items); ++i) {
+      const ItemSpec& it = p.items[static_cast<size_t>(i)];
+      l.tiles =
+          it.w0.upload < 0 && it.w1.upload < 0 && it.w0.dm.layout == kTiles && it.w1.dm.layout == kTiles;
+    }
+  }
+}
+
 // The kernel family of an int4 matrix in a call with n_rows rows (force_simt and W4A16 aside): gemv or the
 // exact tensor-core kernels.
 bool use_gemv(const Settings& s, int64_t n_rows) {
@@ -957,15 +971,12 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   // matrices in tiles only (its addresses are compile-time strides; a group with staged host weights waits on
   // their copies far longer than the layer kernel saves): the layer kernel (its items: the gate_up items,
   // then the down items, both in chunk order; a down job per chunk).
+  mark_tile_launches(p);
   if (settings_.layer_kernel && p.launches.size() == 2 && p.first_down_launch == 1) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
-              p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) &&
-              std::all_of(p.items.begin(), p.items.end(), [](const ItemSpec& it) {
-                return it.w0.upload < 0 && it.w1.upload < 0 && it.w0.dm.layout == kTiles &&
-                       it.w1.dm.layout == kTiles;
-              });
+              p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
   }
 }
 
@@ -1052,6 +1063,7 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
   }
   p.n_jobs_first = p.jobs.size();
   p.first_down_launch = p.launches.size();
+  mark_tile_launches(p);
 }
 
 // ---- execution
@@ -1162,6 +1174,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
     put(l.first_item);
     put(static_cast<uint64_t>(l.n_items));
     put(static_cast<uint64_t>(l.grid_x));
+    put(l.tiles);  // (its instances)
   }
 }
 
@@ -1266,11 +1279,11 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {
-          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, on)
-                  : launch_gate_up_q4row_tc(l.splits, l.nt, items, n, l.grid_x, on);
+          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on)
+                  : launch_gate_up_q4row_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on);
         } else {
-          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, items, n, l.grid_x, on)
-                  : launch_linear_q4row_tc(l.splits, l.nt, items, n, l.grid_x, on);
+          e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on)
+                  : launch_linear_q4row_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on);
         }
       } else if (l.splits == kGemvSplits) {
         const bool g64 = l.dtype == kQ4G64;

@@ -652,20 +652,31 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   }
 }
 
-template <int FMT, int S, int NT, bool GATE_UP>
+// TILES: every matrix of the launch is resident in kTiles (compile-time strides; exact mode only).
+template <int FMT, int S, int NT, bool GATE_UP, bool TILES = false>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
   grid_dep_launch();
-  tc_q4_tile<FMT, S, NT, GATE_UP>(items[blockIdx.y], static_cast<int>(blockIdx.x), [] { grid_dep_wait(); });
+  tc_q4_tile<FMT, S, NT, GATE_UP, false, (NT <= 2), TILES>(items[blockIdx.y], static_cast<int>(blockIdx.x),
+                                                           [] { grid_dep_wait(); });
 }
 
-// Launches the instance for (splits, nt); cudaErrorInvalidValue for a combination that is not instantiated.
+// Launches the instance for (splits, nt, tiles); cudaErrorInvalidValue for a combination that is not
+// instantiated. tiles: every matrix of the items is resident in kTiles (exact mode: the TILES instances;
+// W4A16 has none and reads them as any layout).
 template <int FMT, bool GATE_UP>
-cudaError_t launch_tc_q4(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
+cudaError_t launch_tc_q4(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                         const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
   auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
+  if (splits == kI8Splits && tiles) {
+    if (nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP, true>);
+    if (nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP, true>);
+    if (nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP, true>);
+    if (nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP, true>);
+  }
   if (splits == kI8Splits && nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP>);
   if (splits == kI8Splits && nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP>);
   if (splits == kI8Splits && nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP>);

@@ -156,11 +156,17 @@ cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp
 // they hold griddepcontrol (compiled for compute_90+; a compute_80 PTX the driver compiled for an sm_90
 // device has none, so dependent launches must stay off there). 0 when the query fails.
 int kernels_ptx_version();
-// Tensor-core int4 kernels. splits: kI8Splits (exact mode) with nt in 1..4, or 1 (W4A16) with nt in {1, 2, 4}.
-cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
-cudaError_t launch_gate_up_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
-cudaError_t launch_linear_q4g64_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
-cudaError_t launch_linear_q4row_tc(int splits, int nt, const WorkItem* items, int n_items, int grid_x, const Queue& on);
+// Tensor-core int4 kernels. splits: kI8Splits (exact mode) with nt in 1..4, or 1 (W4A16) with nt in {1, 2, 4};
+// tiles: every matrix of the items is resident in kTiles (exact mode then runs instances with compile-time
+// strides).
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                    const Queue& on);
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                    const Queue& on);
+cudaError_t launch_linear_q4g64_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                   const Queue& on);
+cudaError_t launch_linear_q4row_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                   const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
