@@ -801,7 +801,7 @@ static void gpu_case_tiles(const PluginRecord* rec) {
         Matrix bare = r.matrix();  // the device copy only
         bare.data = nullptr;
         bare.scales = nullptr;
-        for (int64_t s : {1, 3, 20}) {
+        for (int64_t s : {1, 3, 6, 20}) {  // (tensor cores: 1, 2, 3 and 4 n-tiles)
           CAPTURE(s);
           const auto x = random_vec(rng, static_cast<size_t>(s * i));
           const size_t n = static_cast<size_t>(s * o);
