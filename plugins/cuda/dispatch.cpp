@@ -217,8 +217,8 @@ struct LaunchSpec {
   uint64_t first_item;
   int n_items;
   int grid_x;
-  bool tiles =
-      false;  // tc: every matrix of its items resident in kTiles (the exact instances with constant strides)
+  // tc: every matrix of its items resident in kTiles (the exact instances with constant strides)
+  bool tiles = false;
 };
 
 struct ItemSpec {

@@ -917,26 +917,8 @@ static void gpu_case_layer(const PluginRecord* rec,
       for (bool resident : {false, true}) {
         CAPTURE(resident);
         std::vector<ResidentMatrix> keep;
-        std::vector<ExpertMatrices> experts;
-        for (const auto& e : grp.experts) {
-          if (!resident) {
-            experts.push_back(e);
-            continue;
-          }
-          keep.push_back(layer->upload(e.gate));
-          keep.push_back(layer->upload(e.up));
-          keep.push_back(layer->upload(e.down));
-          experts.push_back(
-              {keep[keep.size() - 3].matrix(), keep[keep.size() - 2].matrix(), keep.back().matrix()});
-        }
-        std::vector<std::vector<float>> got(experts.size());
-        std::vector<ExpertTask> tasks;
-        for (size_t e = 0; e < experts.size(); ++e) {
-          got[e].assign(grp.rows[e].size() * static_cast<size_t>(grp.hidden), NAN);
-          tasks.push_back({&experts[e], grp.rows[e], got[e].data()});
-        }
-        layer->expert_group(grp.x.data(), grp.n_x, grp.hidden, tasks);
-        for (size_t e = 0; e < experts.size(); ++e) {
+        const auto got = resident ? on_device(*layer, grp, keep).run(*layer) : grp.run(*layer);
+        for (size_t e = 0; e < grp.experts.size(); ++e) {
           CAPTURE(e);
           CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
           CHECK(rel_err(got[e].data(), cpu[e].data(), cpu[e].size()) <= kExactTol);

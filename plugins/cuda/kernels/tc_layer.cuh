@@ -39,11 +39,11 @@ __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Re
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return prime_i8_tile<FMT, true, true>(lw.items[i], t - i * lw.gu_tiles, r);
+    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
-  return prime_i8_tile<FMT, false, true>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
+  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
 }
 
 // Ticket t's timeline record from the times noted in shared memory (thread 0, as the tile ends; out of line, so

@@ -252,14 +252,14 @@ struct I8Regs {
   float4 sa[2], sb[2];
 };
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
-// (The layer kernel's: exact, up to 2 n-tiles, so its scales are TIED.)
-template <int FMT, bool GATE_UP, bool TILES>
+// (The layer kernel's: exact, up to 2 n-tiles, resident tiles, so its scales are TIED and its strides TILES.)
+template <int FMT, bool GATE_UP>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, TILES>(it, bx, warp, lane >> 2, ws)) return 0;
+  if (!warp_slice<GATE_UP, true>(it, bx, warp, lane >> 2, ws)) return 0;
   constexpr bool kGrouped = FMT == kQ4G64;
-  WeightStream st = weight_stream<kGrouped, true, TILES>(ws, lane & 3);
+  WeightStream st = weight_stream<kGrouped, true, true>(ws, lane & 3);
   const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
   if (nb > 0) load_i8_batch<kGrouped, true>(r.wa, r.sa, st);
   if (nb > 1) load_i8_batch<kGrouped, true>(r.wb, r.sb, st);
@@ -671,16 +671,15 @@ cudaError_t launch_tc_q4(int splits, int nt, bool tiles, const WorkItem* items, 
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
   auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
-  if (splits == kI8Splits && tiles) {
-    if (nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP, true>);
-    if (nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP, true>);
-    if (nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP, true>);
-    if (nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP, true>);
-  }
-  if (splits == kI8Splits && nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP>);
-  if (splits == kI8Splits && nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP>);
-  if (splits == kI8Splits && nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP>);
-  if (splits == kI8Splits && nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP>);
+  auto exact = [&](auto tiles_tag) {
+    constexpr bool T = decltype(tiles_tag)::value;
+    if (nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP, T>);
+    if (nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP, T>);
+    if (nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP, T>);
+    if (nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP, T>);
+    return cudaErrorInvalidValue;
+  };
+  if (splits == kI8Splits) return tiles ? exact(std::true_type{}) : exact(std::false_type{});
   if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP>);
   if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP>);
   if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP>);
