@@ -6,8 +6,9 @@
 //      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default)
 //      and SIMT;
 //   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
-//   4. the exact paths (gemv, exact int8 tensor cores) vs W4A16 at 1..512 rows per expert: TFLOP/s,
-//      and where W4A16 (and the tensor cores) start to pay (the crossovers);
+//   4. the exact paths (gemv, exact int8 tensor cores: the default, wide kernels from 16 rows, and the narrow
+//      ones alone) vs W4A16 at 1..512 rows per expert: TFLOP/s, and where W4A16 (and the tensor cores) start
+//      to pay (the crossovers); alone with --prefill;
 //   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead);
 //   6. (also with --decode, alone with --latency) a GLM-5.2 layer issued and taken as the engine does at
 //   decode:
@@ -285,6 +286,8 @@ int main(int argc, char** argv) {
   bool latency_only = false;
   app.add_flag("--latency", latency_only, "only the GLM-5.2 layer's issue -> take wall time (suite 6)");
   bool layer_only = false;
+  bool prefill_only = false;
+  app.add_flag("--prefill", prefill_only, "only suite 4 (exact and W4A16 paths at 1..512 rows per expert)");
   app.add_flag("--layer", layer_only, "only the GLM-5.2 decode layer's kernels (suite 2; for A/B runs)");
   bool timeline = false;
   app.add_flag(
@@ -327,7 +330,7 @@ int main(int argc, char** argv) {
     const int64_t H = smoke ? 256 : 6144, F = smoke ? 128 : 2048;
     const int layers = smoke ? 2 : 8;  // 8 x 151 MB: the L2 holds a small part of it
     for (int32_t dtype : {STRATA_DTYPE_Q4_G64, STRATA_DTYPE_Q4_ROW}) {
-      if (latency_only || ((quick || timeline) && dtype == STRATA_DTYPE_Q4_ROW)) continue;
+      if (latency_only || prefill_only || ((quick || timeline) && dtype == STRATA_DTYPE_Q4_ROW)) continue;
       // The same weights in both resident layouts: 16-row tiles (the default, the tensor cores' load order)
       // and rows in order (what the gemv and SIMT kernels read best).
       Pool pool, pool_rows;
@@ -493,7 +496,7 @@ int main(int argc, char** argv) {
 
     if (layer_only || timeline) return 0;
     // ---- 3. projection shape: 128 experts of 768 x 2048, top-8 of n tokens ----
-    if (!latency_only) {
+    if (!latency_only && !prefill_only) {
       const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;
       const int n_exp = smoke ? 16 : 128;
       Pool pool;
@@ -662,8 +665,8 @@ int main(int argc, char** argv) {
           "memory "
           "floor {:.1f} us\n",
           floor_ms * 1e3);
-      fmt::print("{:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8}\n", "R", "gemv us", "TFLOP/s", "tc us",
-                 "TFLOP/s", "W4A16 us", "TFLOP/s", "speedup");
+      fmt::print("{:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>10} {:>9} {:>8}\n", "R", "gemv us", "TFLOP/s",
+                 "tc us", "TFLOP/s", "narrow us", "TFLOP/s", "W4A16 us", "TFLOP/s", "speedup");
       int crossover = 0, tc_crossover = 0;
       const std::vector<int> rs = smoke   ? std::vector<int>{1, 16, 40}
                                   : quick ? std::vector<int>{1, 4, 16, 64, 256}
@@ -685,6 +688,10 @@ int main(int argc, char** argv) {
         const double ms_exact = time_groups(b, gs, x, R, H, rounds);
         b.settings().gemv_max_rows = 0;
         const double ms_tc = time_groups(b, gs, x, R, H, rounds);
+        const int wide_min = b.settings().wide_min_rows;
+        b.settings().wide_min_rows = 0;  // the narrow exact kernels alone
+        const double ms_narrow = time_groups(b, gs, x, R, H, rounds);
+        b.settings().wide_min_rows = wide_min;
         b.settings().gemv_max_rows = -1;
         b.settings().w4a16_min_rows = 1;
         const double ms_w4 = time_groups(b, gs, x, R, H, rounds);
@@ -692,9 +699,9 @@ int main(int argc, char** argv) {
         if (crossover == 0 && ms_w4 < 0.95 * ms_exact) crossover = R;
         if (tc_crossover == 0 && ms_tc < 0.95 * ms_exact) tc_crossover = R;
         auto tf = [&](double ms) { return flop / (ms * 1e-3) / 1e12; };
-        fmt::print("{:>5} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>7.2f}x\n", R,
-                   ms_exact * 1e3, tf(ms_exact), ms_tc * 1e3, tf(ms_tc), ms_w4 * 1e3, tf(ms_w4),
-                   ms_exact / ms_w4);
+        fmt::print("{:>5} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>10.1f} {:>9.2f} {:>7.2f}x\n", R,
+                   ms_exact * 1e3, tf(ms_exact), ms_tc * 1e3, tf(ms_tc), ms_narrow * 1e3, tf(ms_narrow),
+                   ms_w4 * 1e3, tf(ms_w4), ms_exact / ms_w4);
       }
       if (crossover > 0) {
         fmt::print(
@@ -715,6 +722,7 @@ int main(int argc, char** argv) {
       }
     }
 
+    if (prefill_only) return 0;
     // ---- 5. issue -> take latency ----
     {
       const int64_t h = smoke ? 128 : 2048, f = smoke ? 64 : 768;

@@ -249,11 +249,12 @@ struct ClassKey {
   int32_t dtype;
   int splits;
   int gemv_tok = 0;  // gemv classes: the token count of their items (one kernel instance per count)
+  bool wide = false;  // exact tensor cores: the wide kernels (kWideNt n-tiles, whole 16-token chunks)
   bool operator<(const ClassKey& o) const {
-    return std::tie(tc, dtype, splits, gemv_tok) < std::tie(o.tc, o.dtype, o.splits, o.gemv_tok);
+    return std::tie(tc, dtype, splits, gemv_tok, wide) < std::tie(o.tc, o.dtype, o.splits, o.gemv_tok, o.wide);
   }
   bool operator==(const ClassKey& o) const {
-    return tc == o.tc && dtype == o.dtype && splits == o.splits && gemv_tok == o.gemv_tok;
+    return tc == o.tc && dtype == o.dtype && splits == o.splits && gemv_tok == o.gemv_tok && wide == o.wide;
   }
 };
 
@@ -471,6 +472,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     const long n = std::strtol(v, &end, 10);
     settings_.gemv_max_rows =
         (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : -1;
+  }
+  if (const char* v = std::getenv("STRATA_CUDA_WIDE_MIN_ROWS")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 16;
   }
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
@@ -704,8 +710,10 @@ void place_uploads(Plan& p, Layout& lay) {
   }
 }
 
-int grid_for(bool tc, int splits, bool gate_up, int rows) {
-  const int per_block = tc                      ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
+int grid_for(bool tc, int splits, bool gate_up, int rows, int nt = 0) {
+  const bool wide = tc && splits == kI8Splits && nt == kWideNt;
+  const int per_block = wide                    ? (gate_up ? kWideRowsGateUp : kWideRowsLinear)
+                        : tc                    ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
                                                 : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
   return (rows + per_block - 1) / per_block;
@@ -789,7 +797,17 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     const int cap = std::min(chunk_capacity(s_in), chunk_capacity(s_h));
     task_rows_at[static_cast<size_t>(t)] = p.rows.size();
     p.rows.insert(p.rows.end(), task.rows, task.rows + task.n_rows);
-    for (int start = 0; start < task.n_rows; start += cap) {
+    // Exact mode throughout and enough rows: whole chunks of 2 kWideNt tokens on the wide kernels, the rest
+    // (fewer than 16) on the narrow ones (the same bits either way).
+    const bool wide = gu_tc && dn_tc && s_in == kI8Splits && s_h == kI8Splits && settings_.wide_min_rows > 0 &&
+                      task.n_rows >= settings_.wide_min_rows;
+    constexpr int kWideTok = 2 * kWideNt;
+    const int n_wide = wide ? task.n_rows / kWideTok * kWideTok : 0;
+    for (int start = 0; start < n_wide; start += kWideTok) {
+      chunks.push_back(Chunk{t, start, kWideTok, gate, up, down, ClassKey{true, e.gate.dtype, kI8Splits, 0, true},
+                             ClassKey{true, e.down.dtype, kI8Splits, 0, true}});
+    }
+    for (int start = n_wide; start < task.n_rows; start += cap) {
       const int n = std::min(cap, task.n_rows - start);
       chunks.push_back(Chunk{t, start, n, gate, up, down,
                              ClassKey{gu_tc, e.gate.dtype, s_in, s_in == kGemvSplits ? n : 0},
@@ -805,9 +823,9 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   dn_nt.v.clear();
   for (const Chunk& c : chunks) {
     int& g = gu_nt[c.gu];
-    g = c.gu.tc ? std::max(g, nt_for(c.gu.splits, c.n)) : c.gu.gemv_tok;
+    g = c.gu.wide ? kWideNt : c.gu.tc ? std::max(g, nt_for(c.gu.splits, c.n)) : c.gu.gemv_tok;
     int& d = dn_nt[c.dn];
-    d = c.dn.tc ? std::max(d, nt_for(c.dn.splits, c.n)) : c.dn.gemv_tok;
+    d = c.dn.wide ? kWideNt : c.dn.tc ? std::max(d, nt_for(c.dn.splits, c.n)) : c.dn.gemv_tok;
   }
   for (auto* m : {&gu_nt, &dn_nt}) {
     for (auto& [k, nt] : *m) {
@@ -928,7 +946,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
         p.items.push_back(it);
       }
       l.n_items = static_cast<int>(p.items.size() - l.first_item);
-      l.grid_x = grid_for(key.tc, key.splits, gate_up, max_rows);
+      l.grid_x = grid_for(key.tc, key.splits, gate_up, max_rows, nt);
       p.launches.push_back(l);
     }
   };
@@ -996,11 +1014,13 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
   const bool gemv = q4 && use_gemv(settings_, n_x_rows);
   const bool tc = q4 && !gemv;
   const int splits = tc ? kI8Splits : gemv ? kGemvSplits : 0;
-  const int cap = chunk_capacity(splits);
   const int n = static_cast<int>(n_x_rows);
+  // Exact mode with enough rows: every chunk on the wide kernels (16 tokens each, the last one partly).
+  const bool wide = tc && settings_.wide_min_rows > 0 && n >= settings_.wide_min_rows;
+  const int cap = wide ? 2 * kWideNt : chunk_capacity(splits);
   const int n_chunks = (n + cap - 1) / cap;
-  int nt = 0;
-  if (tc) {
+  int nt = wide ? kWideNt : 0;
+  if (tc && !wide) {
     for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(splits, std::min(cap, n - s)));
   }
   const int64_t kp = padded_cols(w.cols);
@@ -1037,7 +1057,7 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
           LaunchSpec{false, w.dtype, false, splits, rest, static_cast<uint64_t>(full), 1, grid});
   } else {
     p.launches.push_back(
-        LaunchSpec{tc, w.dtype, false, splits, nt, 0, n_chunks, grid_for(tc, splits, false, m.dm.rows)});
+        LaunchSpec{tc, w.dtype, false, splits, nt, 0, n_chunks, grid_for(tc, splits, false, m.dm.rows, nt)});
   }
   for (int c = 0; c < n_chunks; ++c) {
     const int start = c * cap, len = std::min(cap, n - start);
@@ -1275,7 +1295,12 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
                               static_cast<uint64_t>(first);
       cudaError_t e;
       std::string name;
-      if (l.tc) {
+      if (l.tc && l.splits == kI8Splits && l.nt == kWideNt) {
+        const bool g64 = l.dtype == kQ4G64;
+        name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_wide" : "_q4row_wide");
+        e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, items, n, l.grid_x, on)
+                : launch_wide_q4row_tc(l.gate_up, l.tiles, items, n, l.grid_x, on);
+      } else if (l.tc) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {

@@ -1014,6 +1014,67 @@ TEST_CASE(
   }
 }
 
+// The wide exact kernels (tc_wide.cuh: the 16-token chunks of experts and matmul calls with at least
+// STRATA_CUDA_WIDE_MIN_ROWS rows; 8 warps sharing each load batch's operand through shared memory) against
+// the narrow ones (STRATA_CUDA_WIDE_MIN_ROWS=0): the same bits, and cpu_generic within 1e-5. Both int4
+// formats, staged rows and resident tiles, K slices with whole batches, partial batches, half units and no
+// batch at all (gate/up K = 130, 1100, 2100, 600; down K = 33, 72, 1300, 290), slices of unequal lengths, row
+// blocks past the matrix (33 gate rows, 130 down rows), experts of 16, 33 and 40 rows (wide chunks plus narrow
+// rest) beside small ones; matmul at 16, 23 (a partial wide chunk) and 40 rows.
+static void gpu_case_wide(const PluginRecord* rec) {
+  auto wide = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "16");
+  auto narrow = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "0");
+  auto ref = cpu_reference();
+  std::mt19937 rng(1616);
+  const std::vector<int> counts = {16, 0, 40, 3, 33};
+  for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+    CAPTURE(weight_format_name(f));
+    for (const auto& hidden_ffn :
+         {std::pair<int64_t, int64_t>{130, 33}, {1100, 72}, {2100, 40}, {130, 1300}, {600, 290}}) {
+      const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
+      CAPTURE(hidden);
+      CAPTURE(ffn);
+      const Group grp(rng, hidden, ffn, 48, counts, same_format(f, counts.size()));
+      const auto want = grp.run(*ref);
+      for (bool resident : {false, true}) {
+        CAPTURE(resident);
+        std::vector<ResidentMatrix> keep;
+        const auto got_w = resident ? on_device(*wide, grp, keep).run(*wide) : grp.run(*wide);
+        const auto got_n = resident ? on_device(*narrow, grp, keep).run(*narrow) : grp.run(*narrow);
+        for (size_t e = 0; e < counts.size(); ++e) {
+          CAPTURE(counts[e]);
+          CHECK(got_w[e] == got_n[e]);
+          CHECK(rel_err(got_w[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+        }
+      }
+    }
+    for (const auto& shape : {std::pair<int64_t, int64_t>{33, 130}, {300, 600}, {129, 2100}}) {
+      const int64_t o = shape.first, i = shape.second;
+      CAPTURE(o);
+      CAPTURE(i);
+      const HostMatrix w = random_matrix(rng, f, o, i);
+      const auto x = random_vec(rng, static_cast<size_t>(40 * i));
+      for (int64_t n : {16, 23, 40}) {
+        CAPTURE(n);
+        const size_t m = static_cast<size_t>(n * o);
+        std::vector<float> want(m), yw(m, NAN), yn(m, NAN);
+        ref->matmul(w.view(), x.data(), n, want.data());
+        wide->matmul(w.view(), x.data(), n, yw.data());
+        narrow->matmul(w.view(), x.data(), n, yn.data());
+        CHECK(yw == yn);
+        CHECK(rel_err(yw.data(), want.data(), m) <= kExactTol);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda wide exact kernels (prefill, 16-token chunks): the narrow kernels' bits, within 1e-5") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_wide(rec);
+  }
+}
+
 // A group's launch sequence is captured as a CUDA graph once per shape and slot and replayed (the emulation
 // captures and replays too): groups of several shapes (the layer kernel, separate launches, SIMT, more
 // tokens than one chunk; the same tasks and rows with other matrix sizes, which only the grids tell apart),

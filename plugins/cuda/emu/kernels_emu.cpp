@@ -13,3 +13,5 @@
 #include "../kernels/linear_q4row_tc.cu"
 #include "../kernels/linear_simt.cu"
 #include "../kernels/prep_operands.cu"
+#include "../kernels/wide_q4g64_tc.cu"
+#include "../kernels/wide_q4row_tc.cu"

@@ -36,10 +36,13 @@ __device__ __forceinline__ int imax(int a, int b) { return a > b ? a : b; }
 // instructions (the emulation then runs each warp as fibers). With on.pdl the launch may begin before the
 // previous kernel on the stream has finished (programmatic dependent launch, sm_90): the kernel must call
 // grid_dep_wait() before it reads anything an earlier launch wrote or writes anything.
+// smem: the block's dynamic shared memory in bytes (its kernel declares it with STRATA_DYN_SMEM; above 48 KB
+// the kernel must have been allowed it: cudaFuncSetAttribute).
 template <class... P, class... A>
-cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Queue& on, bool collectives,
-                          A... args) {
+cudaError_t launch_kernel_smem(void (*kernel)(P...), dim3 grid, dim3 block, unsigned smem, const Queue& on,
+                               bool collectives, A... args) {
 #if defined(STRATA_CUDA_EMULATE)
+  (void)smem;
   // (no dependent launches before sm_90, and none with kernels built without griddepcontrol)
   if (on.pdl && (emu::sm_version() < 90 || emu::ptx_version() < 90)) return cudaErrorNotSupported;
   // (captured: the arguments as they are now, as a graph's kernel node keeps them)
@@ -50,7 +53,7 @@ cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Que
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = on.stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -60,6 +63,17 @@ cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Que
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
 #endif
 }
+template <class... P, class... A>
+cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Queue& on, bool collectives,
+                          A... args) {
+  return launch_kernel_smem(kernel, grid, block, 0u, on, collectives, args...);
+}
+// A kernel's dynamic shared memory (the emulation: a buffer per block, as large as an SM's).
+#if defined(STRATA_CUDA_EMULATE)
+#define STRATA_DYN_SMEM(name) alignas(16) static thread_local uint8_t name[228 * 1024]
+#else
+#define STRATA_DYN_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
 
 // Programmatic dependent launch (PTX griddepcontrol, sm_90). grid_dep_wait: returns once the kernels this one
 // depends on (the previous launch on the stream) have completed and their writes are visible; without a
@@ -255,6 +269,38 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
+#endif
+}
+
+// Asynchronous copies global -> shared memory (cp.async, sm_80): 16 bytes through L2 only, or 4 bytes; each
+// thread's copies since its last commit form a group, and cp_async_wait<N>() returns once at most N of its
+// groups are still in flight (the copies of the others have landed; a __syncthreads then shows them to the
+// block). The emulation copies at once.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(STRATA_CUDA_EMULATE)
+  *static_cast<uint4*>(dst) = __ldg(static_cast<const uint4*>(src));
+#else
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if defined(STRATA_CUDA_EMULATE)
+  *static_cast<uint32_t*>(dst) = __ldg(static_cast<const uint32_t*>(src));
+#else
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(STRATA_CUDA_EMULATE)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(STRATA_CUDA_EMULATE)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 

@@ -121,6 +121,11 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimel
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
 constexpr int kTcLinearTiles = 4;
+// The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 rows of gate
+// and of up, or 128 rows of a linear matrix.
+constexpr int kWideNt = 8;
+constexpr int kWideRowsGateUp = 32;
+constexpr int kWideRowsLinear = 128;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
 constexpr int kSimtWarps = 8;
 constexpr int kSimtMaxTok = 8;
@@ -167,6 +172,12 @@ cudaError_t launch_linear_q4g64_tc(int splits, int nt, bool tiles, const WorkIte
                                    const Queue& on);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
                                    const Queue& on);
+// The wide exact kernels (nt = kWideNt): gate/up (grid_x blocks of kWideRowsGateUp rows) or linear
+// (kWideRowsLinear rows).
+cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                 const Queue& on);
+cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                 const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);

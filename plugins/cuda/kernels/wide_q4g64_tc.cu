@@ -1,0 +1,11 @@
+// The wide exact tensor-core kernels (prefill: items of 16 tokens, the operand shared through shared memory) for Q4_G64 experts: gate/up and linear. See tc_wide.cuh.
+#include "tc_wide.cuh"
+
+namespace strata_cuda {
+
+cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                 const Queue& on) {
+  return launch_tc_q4_wide<kQ4G64>(gate_up, tiles, items, n_items, grid_x, on);
+}
+
+}  // namespace strata_cuda
