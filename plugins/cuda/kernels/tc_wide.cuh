@@ -28,27 +28,28 @@ constexpr int kWideWarps = 8;
 constexpr int kWideStages = 3;
 constexpr int kWideColBytes = 272;  // a column's 256 operand bytes of a batch + 16 (conflict-free 16-byte reads)
 
-template <bool GATE_UP>
+template <bool GATE_UP, int NT>
 struct WideShape {
   static constexpr int KS = TileShape<GATE_UP>::KS;  // the narrow kernels' K slices (the same bits)
   static constexpr int U = TileShape<GATE_UP>::U;    // groups per load batch
   static constexpr int kMats = GATE_UP ? 2 : 1;
   static constexpr int kRowTiles = kWideWarps / (KS * kMats);
   static constexpr int kRows = 16 * kRowTiles;  // output rows of a block
-  static constexpr int kCols = kWideNt * 8;     // operand columns of an item
-  static constexpr int kTok = kWideNt * 2;      // tokens of an item
+  static constexpr int kCols = NT * 8;  // operand columns of an item
+  static constexpr int kTok = NT * 2;   // tokens of an item
   static constexpr int kSliceBytes = kCols * kWideColBytes;
   static constexpr int kMultOff = KS * kSliceBytes;  // a stage's multipliers: [KS][kTok][U] f32
   static constexpr int kStageBytes = kMultOff + KS * kTok * U * 4;
   static constexpr int kSmemBytes = kWideStages * kStageBytes;
   static_assert(kRows == (GATE_UP ? kWideRowsGateUp : kWideRowsLinear), "work.hpp's block rows");
-  static_assert(kWideWarps * 16 * (kWideNt * 4 + 1) * 4 <= kSmemBytes, "the epilogue's staging fits the ring");
+  static_assert(kWideWarps * 16 * (NT * 4 + 1) * 4 <= kSmemBytes, "the epilogue's staging fits the ring");
 };
 
-template <int FMT, bool GATE_UP, bool TILES>
-__global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const WorkItem* __restrict__ items) {
-  using Sh = WideShape<GATE_UP>;
-  constexpr int KS = Sh::KS, U = Sh::U, NT = kWideNt;
+// NT n-tiles (2 NT tokens) per item; MINB blocks per SM asked of the register allocator.
+template <int FMT, int NT, int MINB, bool GATE_UP, bool TILES>
+__global__ void __launch_bounds__(kWideWarps * 32, MINB) tc_q4_wide_kernel(const WorkItem* __restrict__ items) {
+  using Sh = WideShape<GATE_UP, NT>;
+  constexpr int KS = Sh::KS, U = Sh::U;
   constexpr bool kGrouped = FMT == kQ4G64;
   STRATA_DYN_SMEM(smem);
   grid_dep_launch();
@@ -147,36 +148,33 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
     const uint8_t* bs = stage + my_slice * Sh::kSliceBytes + g * kWideColBytes + q * 32 + uu * 128;
     const float* ms =
         reinterpret_cast<const float*>(stage + Sh::kMultOff) + (my_slice * Sh::kTok + (q >> 1)) * U + 2 * uu;
-    uint32_t a[2][2][4];
+    const float sg[2] = {uu == 0 ? sv[0].x : sv[0].z, uu == 0 ? sv[0].y : sv[0].w};
+    const float sh[2] = {uu == 0 ? sv[1].x : sv[1].z, uu == 0 ? sv[1].y : sv[1].w};
+    // Group k's A registers (both k-steps), then its n-tiles; the unit's words are free after group 1's.
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
+      uint32_t a[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint4(&w)[2] = wv[uu];
         const uint32_t wg = k == 0 ? (j == 0 ? w[0].x : w[0].y) : (j == 0 ? w[0].z : w[0].w);
         const uint32_t wh = k == 0 ? (j == 0 ? w[1].x : w[1].y) : (j == 0 ? w[1].z : w[1].w);
-        a[k][j][0] = q4_i8_even(wg, magic);
-        a[k][j][1] = q4_i8_even(wh, magic);
-        a[k][j][2] = q4_i8_odd(wg, magic);
-        a[k][j][3] = q4_i8_odd(wh, magic);
+        a[j][0] = q4_i8_even(wg, magic);
+        a[j][1] = q4_i8_even(wh, magic);
+        a[j][2] = q4_i8_odd(wg, magic);
+        a[j][3] = q4_i8_odd(wh, magic);
       }
-    }
-    const float sg[2] = {uu == 0 ? sv[0].x : sv[0].z, uu == 0 ? sv[0].y : sv[0].w};
-    const float sh[2] = {uu == 0 ? sv[1].x : sv[1].z, uu == 0 ? sv[1].y : sv[1].w};
-    if (more) {
-      load_unit(uu);
-      if (uu == 1) load_scales_next();
-    }
+      if (k == 1 && more) {
+        load_unit(uu);
+        if (uu == 1) load_scales_next();
+      }
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float2 m2 = *reinterpret_cast<const float2*>(ms + 2 * t * U);
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
+      for (int t = 0; t < NT; ++t) {
+        const float mk = ms[2 * t * U + k];
         const uint4 bv = *reinterpret_cast<const uint4*>(bs + t * 8 * kWideColBytes + k * 16);
         int32_t c[4];
-        mma_s8_16832(c, a[k][0][0], a[k][0][1], a[k][0][2], a[k][0][3], bv.x, bv.y, 0, 0, 0, 0);
-        mma_s8_16832(c, a[k][1][0], a[k][1][1], a[k][1][2], a[k][1][3], bv.z, bv.w, c[0], c[1], c[2], c[3]);
-        const float mk = k == 0 ? m2.x : m2.y;
+        mma_s8_16832(c, a[0][0], a[0][1], a[0][2], a[0][3], bv.x, bv.y, 0, 0, 0, 0);
+        mma_s8_16832(c, a[1][0], a[1][1], a[1][2], a[1][3], bv.z, bv.w, c[0], c[1], c[2], c[3]);
         const float f0 = kGrouped ? sg[k] * mk : mk;
         const float f1 = kGrouped ? sh[k] * mk : mk;
         acc[t][0] = fmaf(f0, static_cast<float>(c[0] + 256 * c[1]), acc[t][0]);
@@ -281,9 +279,9 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
 
 // Launches the wide instance (gate/up or linear; tiles: every matrix of the items resident in kTiles). Its
 // shared memory is above the default 48 KB: allowed once per device.
-template <auto kernel, bool GATE_UP>
+template <auto kernel, bool GATE_UP, int NT>
 cudaError_t launch_wide_instance(const WorkItem* items, int n_items, int grid_x, const Queue& on) {
-  constexpr unsigned kBytes = WideShape<GATE_UP>::kSmemBytes;
+  constexpr unsigned kBytes = WideShape<GATE_UP, NT>::kSmemBytes;
 #if !defined(STRATA_CUDA_EMULATE)
   static std::atomic<uint64_t> allowed{0};  // a bit per device
   int dev = 0;
@@ -300,16 +298,25 @@ cudaError_t launch_wide_instance(const WorkItem* items, int n_items, int grid_x,
                             dim3(kWideWarps * 32), kBytes, on, true, items);
 }
 
-template <int FMT>
-cudaError_t launch_tc_q4_wide(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
-                              const Queue& on) {
-  if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
+template <int FMT, int NT, int MINB>
+cudaError_t launch_wide_nt(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x, const Queue& on) {
   if (gate_up) {
-    return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, true, true>, true>(items, n_items, grid_x, on)
-                 : launch_wide_instance<&tc_q4_wide_kernel<FMT, true, false>, true>(items, n_items, grid_x, on);
+    return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, NT, MINB, true, true>, true, NT>(items, n_items, grid_x, on)
+                 : launch_wide_instance<&tc_q4_wide_kernel<FMT, NT, MINB, true, false>, true, NT>(items, n_items, grid_x, on);
   }
-  return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, false, true>, false>(items, n_items, grid_x, on)
-               : launch_wide_instance<&tc_q4_wide_kernel<FMT, false, false>, false>(items, n_items, grid_x, on);
+  return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, NT, MINB, false, true>, false, NT>(items, n_items, grid_x, on)
+               : launch_wide_instance<&tc_q4_wide_kernel<FMT, NT, MINB, false, false>, false, NT>(items, n_items, grid_x, on);
+}
+
+// nt: 8 (blocks 1 or 2 per SM) or 16 (1).
+template <int FMT>
+cudaError_t launch_tc_q4_wide(bool gate_up, bool tiles, int nt, int blocks, const WorkItem* items, int n_items,
+                              int grid_x, const Queue& on) {
+  if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
+  if (nt == 8 && blocks == 2) return launch_wide_nt<FMT, 8, 2>(gate_up, tiles, items, n_items, grid_x, on);
+  if (nt == 8 && blocks == 1) return launch_wide_nt<FMT, 8, 1>(gate_up, tiles, items, n_items, grid_x, on);
+  if (nt == 16 && blocks == 1) return launch_wide_nt<FMT, 16, 1>(gate_up, tiles, items, n_items, grid_x, on);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace strata_cuda
