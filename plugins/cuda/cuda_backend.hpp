@@ -77,9 +77,6 @@ struct Settings {
   // kernels (tc_wide.cuh: 8 warps share each batch's operand through shared memory; the same bits as the
   // narrow ones); 0 = never. STRATA_CUDA_WIDE_MIN_ROWS=N (default 16).
   int wide_min_rows = 16;
-  // The wide kernels' n-tiles per item (8: 16 tokens, 16: 32 tokens) and blocks per SM (8: 1 or 2; 16: 1).
-  // STRATA_CUDA_WIDE_NT, STRATA_CUDA_WIDE_BLOCKS.
-  int wide_nt = 8, wide_blocks = 2;
   // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the gemv / tensor-core kernels.
   bool force_simt = false;
   // A group's kernels are queued as programmatic dependent launches: each may start while the one before is

@@ -478,9 +478,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     const long n = std::strtol(v, &end, 10);
     settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 16;
   }
-  if (const char* v = std::getenv("STRATA_CUDA_WIDE_NT")) settings_.wide_nt = std::strcmp(v, "16") == 0 ? 16 : 8;
-  if (const char* v = std::getenv("STRATA_CUDA_WIDE_BLOCKS")) settings_.wide_blocks = std::strcmp(v, "1") == 0 ? 1 : 2;
-  if (settings_.wide_nt == 16) settings_.wide_blocks = 1;
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   // Programmatic dependent launches need the device (sm_90+) and kernels that wait for them (griddepcontrol,
@@ -714,7 +711,7 @@ void place_uploads(Plan& p, Layout& lay) {
 }
 
 int grid_for(bool tc, int splits, bool gate_up, int rows, int nt = 0) {
-  const bool wide = tc && splits == kI8Splits && nt >= kWideNt;
+  const bool wide = tc && splits == kI8Splits && nt == kWideNt;
   const int per_block = wide                    ? (gate_up ? kWideRowsGateUp : kWideRowsLinear)
                         : tc                    ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
@@ -804,7 +801,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     // (fewer than 16) on the narrow ones (the same bits either way).
     const bool wide = gu_tc && dn_tc && s_in == kI8Splits && s_h == kI8Splits && settings_.wide_min_rows > 0 &&
                       task.n_rows >= settings_.wide_min_rows;
-    const int kWideTok = 2 * settings_.wide_nt;
+    constexpr int kWideTok = 2 * kWideNt;
     const int n_wide = wide ? task.n_rows / kWideTok * kWideTok : 0;
     for (int start = 0; start < n_wide; start += kWideTok) {
       chunks.push_back(Chunk{t, start, kWideTok, gate, up, down, ClassKey{true, e.gate.dtype, kI8Splits, 0, true},
@@ -826,9 +823,9 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   dn_nt.v.clear();
   for (const Chunk& c : chunks) {
     int& g = gu_nt[c.gu];
-    g = c.gu.wide ? settings_.wide_nt : c.gu.tc ? std::max(g, nt_for(c.gu.splits, c.n)) : c.gu.gemv_tok;
+    g = c.gu.wide ? kWideNt : c.gu.tc ? std::max(g, nt_for(c.gu.splits, c.n)) : c.gu.gemv_tok;
     int& d = dn_nt[c.dn];
-    d = c.dn.wide ? settings_.wide_nt : c.dn.tc ? std::max(d, nt_for(c.dn.splits, c.n)) : c.dn.gemv_tok;
+    d = c.dn.wide ? kWideNt : c.dn.tc ? std::max(d, nt_for(c.dn.splits, c.n)) : c.dn.gemv_tok;
   }
   for (auto* m : {&gu_nt, &dn_nt}) {
     for (auto& [k, nt] : *m) {
@@ -1020,9 +1017,9 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
   const int n = static_cast<int>(n_x_rows);
   // Exact mode with enough rows: every chunk on the wide kernels (16 tokens each, the last one partly).
   const bool wide = tc && settings_.wide_min_rows > 0 && n >= settings_.wide_min_rows;
-  const int cap = wide ? 2 * settings_.wide_nt : chunk_capacity(splits);
+  const int cap = wide ? 2 * kWideNt : chunk_capacity(splits);
   const int n_chunks = (n + cap - 1) / cap;
-  int nt = wide ? settings_.wide_nt : 0;
+  int nt = wide ? kWideNt : 0;
   if (tc && !wide) {
     for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(splits, std::min(cap, n - s)));
   }
@@ -1298,11 +1295,11 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
                               static_cast<uint64_t>(first);
       cudaError_t e;
       std::string name;
-      if (l.tc && l.splits == kI8Splits && l.nt >= kWideNt) {
+      if (l.tc && l.splits == kI8Splits && l.nt == kWideNt) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_wide" : "_q4row_wide");
-        e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, l.nt, settings_.wide_blocks, items, n, l.grid_x, on)
-                : launch_wide_q4row_tc(l.gate_up, l.tiles, l.nt, settings_.wide_blocks, items, n, l.grid_x, on);
+        e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, items, n, l.grid_x, on)
+                : launch_wide_q4row_tc(l.gate_up, l.tiles, items, n, l.grid_x, on);
       } else if (l.tc) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");

@@ -3,9 +3,9 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, int nt, int blocks, const WorkItem* items, int n_items,
-                                 int grid_x, const Queue& on) {
-  return launch_tc_q4_wide<kQ4G64>(gate_up, tiles, nt, blocks, items, n_items, grid_x, on);
+cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                 const Queue& on) {
+  return launch_tc_q4_wide<kQ4G64>(gate_up, tiles, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

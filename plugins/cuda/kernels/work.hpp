@@ -174,10 +174,10 @@ cudaError_t launch_linear_q4row_tc(int splits, int nt, bool tiles, const WorkIte
                                    const Queue& on);
 // The wide exact kernels (nt = kWideNt): gate/up (grid_x blocks of kWideRowsGateUp rows) or linear
 // (kWideRowsLinear rows).
-cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, int nt, int blocks, const WorkItem* items, int n_items,
-                                 int grid_x, const Queue& on);
-cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, int nt, int blocks, const WorkItem* items, int n_items,
-                                 int grid_x, const Queue& on);
+cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                 const Queue& on);
+cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+                                 const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
