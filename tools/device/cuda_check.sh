@@ -53,7 +53,7 @@ grep -E "ERROR|FAILED|SKIPPED|FATAL" "$out/test_cuda.log" | head -12 | tee -a "$
 # 2. compute-sanitizer memcheck on the kernel cases (bounds, misaligned and uninitialized device accesses).
 if command -v compute-sanitizer > /dev/null; then
   timeout 240 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 9 \
-    "$bundle/bin/test_cuda" -tc='*matmul*,*expert_group equals*,*mixed formats*,*W4A16*,*issue/take*' \
+    "$bundle/bin/test_cuda" -tc='*matmul*,*expert_group equals*,*mixed formats*,*W4A16*,*issue/take*,*wide*' \
     > "$out/memcheck.log" 2>&1
   rc=$?
   note "memcheck: exit $rc; $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
