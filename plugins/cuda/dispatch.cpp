@@ -478,6 +478,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     const long n = std::strtol(v, &end, 10);
     settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 16;
   }
+  // The wide kernels ask for more shared memory per block than consumer cards allow (99 KB on sm_86/89/120):
+  // there every chunk stays on the narrow kernels (the same bits).
+  int smem_optin = 0;
+  if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    smem_optin = 0;
+  }
+  if (static_cast<unsigned>(smem_optin) < wide_smem_bytes()) settings_.wide_min_rows = 0;
   if (const char* v = std::getenv("STRATA_CUDA_KERNELS")) settings_.force_simt = std::strcmp(v, "simt") == 0;
   if (const char* v = std::getenv("STRATA_CUDA_PDL")) settings_.pdl = std::strcmp(v, "0") != 0;
   // Programmatic dependent launches need the device (sm_90+) and kernels that wait for them (griddepcontrol,

@@ -541,6 +541,11 @@ int sm_version() {
   return sm >= 10 ? sm : 90;
 }
 
+int max_smem_optin() {
+  const int sm = sm_version();
+  return sm == 80 || sm == 87 ? 163 * 1024 : sm == 90 || sm == 100 ? 227 * 1024 : 99 * 1024;
+}
+
 int ptx_version() {
   const char* v = std::getenv("STRATA_CUDA_EMU_PTX");
   const int ptx = v != nullptr ? std::atoi(v) : 0;
@@ -611,6 +616,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     *value = strata_cuda::emu::sm_version() / 10;
   else if (attr == cudaDevAttrComputeCapabilityMinor)
     *value = strata_cuda::emu::sm_version() % 10;
+  else if (attr == cudaDevAttrMaxSharedMemoryPerBlockOptin)
+    *value = strata_cuda::emu::max_smem_optin();
   else
     *value = 0;
   return cudaSuccess;

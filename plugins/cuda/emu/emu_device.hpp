@@ -39,6 +39,10 @@ int sm_version();
 // launch fails too (on a GPU it would race).
 int ptx_version();
 
+// The most shared memory a block may ask for on the emulated device (cudaDevAttrMaxSharedMemoryPerBlockOptin):
+// sm_80/87 163 KB, sm_90/100 227 KB, the others (sm_86, 89, 120: consumer cards) 99 KB. A launch asking for
+// more fails, as on the hardware.
+int max_smem_optin();
 // A spin-wait's pause (sleep_ns): another block's turn; dies in a grid whose blocks run one after another.
 void spin_pause();
 // %globaltimer: the host's steady clock in ns.

@@ -42,7 +42,7 @@ template <class... P, class... A>
 cudaError_t launch_kernel_smem(void (*kernel)(P...), dim3 grid, dim3 block, unsigned smem, const Queue& on,
                                bool collectives, A... args) {
 #if defined(STRATA_CUDA_EMULATE)
-  (void)smem;
+  if (smem > static_cast<unsigned>(emu::max_smem_optin())) return cudaErrorInvalidValue;
   // (no dependent launches before sm_90, and none with kernels built without griddepcontrol)
   if (on.pdl && (emu::sm_version() < 90 || emu::ptx_version() < 90)) return cudaErrorNotSupported;
   // (captured: the arguments as they are now, as a graph's kernel node keeps them)

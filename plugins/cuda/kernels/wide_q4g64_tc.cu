@@ -8,4 +8,9 @@ cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items
   return launch_tc_q4_wide<kQ4G64>(gate_up, tiles, items, n_items, grid_x, on);
 }
 
+unsigned wide_smem_bytes() {
+  return WideShape<true>::kSmemBytes > WideShape<false>::kSmemBytes ? WideShape<true>::kSmemBytes
+                                                                     : WideShape<false>::kSmemBytes;
+}
+
 }  // namespace strata_cuda

@@ -174,6 +174,9 @@ cudaError_t launch_linear_q4row_tc(int splits, int nt, bool tiles, const WorkIte
                                    const Queue& on);
 // The wide exact kernels (nt = kWideNt): gate/up (grid_x blocks of kWideRowsGateUp rows) or linear
 // (kWideRowsLinear rows).
+// The shared memory a wide block asks for (the larger of gate/up and linear; above 48 KB, so the device must
+// allow it per block: cudaDevAttrMaxSharedMemoryPerBlockOptin).
+unsigned wide_smem_bytes();
 cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on);
 cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
