@@ -478,8 +478,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     const long n = std::strtol(v, &end, 10);
     settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 16;
   }
-  // The wide kernels ask for more shared memory per block than consumer cards allow (99 KB on sm_86/89/120):
-  // there every chunk stays on the narrow kernels (the same bits).
+  // The wide kernels ask for more than the default 48 KB of shared memory per block (71 KB): a device that
+  // allows less keeps every chunk on the narrow kernels (the same bits). (Every sm_80+ card allows 99 KB.)
   int smem_optin = 0;
   if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
     (void)cudaGetLastError();

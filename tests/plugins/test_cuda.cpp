@@ -221,9 +221,9 @@ TEST_CASE("cuda plugin on sm_8x or compute_80 code: no programmatic dependent la
   };
   std::mt19937 rng(880);
   // Decode-sized groups of both int4 formats (the layer kernel after the preparation launch) and a prefill-
-  // sized one (separate launches; the wide kernels where the device allows their shared memory: not on the
-  // 99 KB-per-block consumer cards sm_86, 89 and 120, where a launch of them would fail), each launch of which
-  // would ask for a dependent launch on sm_90.
+  // sized one (separate launches; the wide kernels, within the 99 KB per block of the consumer cards sm_86, 89
+  // and 120, whose emulated launches fail above it), each launch of which would ask for a dependent launch on
+  // sm_90.
   std::vector<Group> groups;
   groups.emplace_back(rng, 200, 130, 3, std::vector<int>{1, 1, 2}, same_format(WeightFormat::Q4_G64, 3));
   groups.emplace_back(rng, 130, 96, 2, std::vector<int>{1, 2}, same_format(WeightFormat::Q4_ROW, 2));

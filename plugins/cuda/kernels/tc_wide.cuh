@@ -7,8 +7,8 @@
 // block and the weights once per 8 tokens, and converts each weight nibble once per 8 tokens. At 512 rows per
 // expert that is ~19 GB of L2 reads per GLM-5.2 layer (H100, a76b350: 5.0 ms, 62 TFLOP/s, instruction- and
 // L2-bound). A wide block covers 32 rows of gate and of up (linear: 128 rows) for 16 tokens: its warps take the
-// operand of each load batch from shared memory (one copy per block, by cp.async, kWideStages batches in
-// flight), and each warp converts a weight unit once for 8 n-tiles.
+// operand of each load batch from shared memory (one copy per block, by cp.async, the next batch's while one
+// runs), and each warp converts a weight unit once for 8 n-tiles.
 //
 // Warps: warp w takes K slice w % KS of matrix (w / KS) % kMats (gate/up: gate, up) of row tile w / (KS kMats),
 // i.e. gate/up 2 slices x 2 matrices x 2 row tiles, linear 1 slice x 8 row tiles. Each runs its slice's whole
@@ -25,7 +25,9 @@
 namespace strata_cuda {
 
 constexpr int kWideWarps = 8;
-constexpr int kWideStages = 3;
+// Batches of operand in flight: 2 (71 KB a gate/up block) measured 11-12 % faster than 3 (106 KB) on an H100 at
+// 16-512 rows per expert (run85), 2 blocks per SM either way: the shared memory left to the L1 is what differs.
+constexpr int kWideStages = 2;
 constexpr int kWideColBytes = 272;  // a column's 256 operand bytes of a batch + 16 (conflict-free 16-byte reads)
 
 template <bool GATE_UP>
