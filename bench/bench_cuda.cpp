@@ -670,7 +670,7 @@ int main(int argc, char** argv) {
       int crossover = 0, tc_crossover = 0;
       const std::vector<int> rs = smoke   ? std::vector<int>{1, 16, 40}
                                   : quick ? std::vector<int>{1, 4, 16, 64, 256}
-                                          : std::vector<int>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+                                          : std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256, 512};
       for (int R : rs) {
         std::vector<float> x(static_cast<size_t>(R * H));
         std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -73,10 +73,10 @@ struct Settings {
   // and -1 keep a token's result independent of the row count (prefill == decode bit for bit).
   // STRATA_CUDA_GEMV_MAX_ROWS=N.
   int gemv_max_rows = 0;
-  // Exact mode: experts (matmul calls) with at least this many rows run their whole 16-token chunks on the wide
-  // kernels (tc_wide.cuh: 8 warps share each batch's operand through shared memory; the same bits as the
-  // narrow ones); 0 = never. STRATA_CUDA_WIDE_MIN_ROWS=N (default 16).
-  int wide_min_rows = 16;
+  // Exact mode: experts (matmul calls) with at least this many rows run in 16-token chunks on the wide kernels
+  // (tc_wide.cuh: 8 warps share each batch's operand through shared memory; the same bits as the narrow ones),
+  // a rest of at most 8 tokens on the narrow ones; 0 = never. STRATA_CUDA_WIDE_MIN_ROWS=N (default 9).
+  int wide_min_rows = 9;
   // STRATA_CUDA_KERNELS=simt: int4 weights on the SIMT f32 kernels instead of the gemv / tensor-core kernels.
   bool force_simt = false;
   // A group's kernels are queued as programmatic dependent launches: each may start while the one before is

@@ -476,7 +476,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_WIDE_MIN_ROWS")) {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
-    settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 16;
+    settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 9;
   }
   // The wide kernels ask for more than the default 48 KB of shared memory per block (71 KB): a device that
   // allows less keeps every chunk on the narrow kernels (the same bits). (Every sm_80+ card allows 99 KB.)
@@ -805,14 +805,18 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     const int cap = std::min(chunk_capacity(s_in), chunk_capacity(s_h));
     task_rows_at[static_cast<size_t>(t)] = p.rows.size();
     p.rows.insert(p.rows.end(), task.rows, task.rows + task.n_rows);
-    // Exact mode throughout and enough rows: whole chunks of 2 kWideNt tokens on the wide kernels, the rest
-    // (fewer than 16) on the narrow ones (the same bits either way).
+    // Exact mode throughout and enough rows: chunks of 2 kWideNt tokens on the wide kernels, the last one
+    // partly filled when more than a narrow chunk's 8 tokens are left; a rest of at most 8 on the narrow ones
+    // (the same bits either way).
     const bool wide = gu_tc && dn_tc && s_in == kI8Splits && s_h == kI8Splits && settings_.wide_min_rows > 0 &&
                       task.n_rows >= settings_.wide_min_rows;
     constexpr int kWideTok = 2 * kWideNt;
-    const int n_wide = wide ? task.n_rows / kWideTok * kWideTok : 0;
+    const int n_wide = !wide                                                  ? 0
+                       : task.n_rows % kWideTok > chunk_capacity(kI8Splits) ? task.n_rows
+                                                                            : task.n_rows / kWideTok * kWideTok;
     for (int start = 0; start < n_wide; start += kWideTok) {
-      chunks.push_back(Chunk{t, start, kWideTok, gate, up, down, ClassKey{true, e.gate.dtype, kI8Splits, 0, true},
+      chunks.push_back(Chunk{t, start, std::min(kWideTok, n_wide - start), gate, up, down,
+                             ClassKey{true, e.gate.dtype, kI8Splits, 0, true},
                              ClassKey{true, e.down.dtype, kI8Splits, 0, true}});
     }
     for (int start = n_wide; start < task.n_rows; start += cap) {

@@ -1021,14 +1021,15 @@ TEST_CASE(
 // the narrow ones (STRATA_CUDA_WIDE_MIN_ROWS=0): the same bits, and cpu_generic within 1e-5. Both int4
 // formats, staged rows and resident tiles, K slices with whole batches, partial batches, half units and no
 // batch at all (gate/up K = 130, 1100, 2100, 600; down K = 33, 72, 1300, 290), slices of unequal lengths, row
-// blocks past the matrix (33 gate rows, 130 down rows), experts of 16, 33 and 40 rows (wide chunks plus narrow
-// rest) beside small ones; matmul at 16, 23 (a partial wide chunk) and 40 rows.
+// blocks past the matrix (33 gate rows, 130 down rows), experts of 16, 33 and 40 rows (wide chunks plus a
+// narrow rest), 12 and 29 (a partly filled wide chunk) beside small ones; matmul at 16, 23 (a partial wide
+// chunk) and 40 rows.
 static void gpu_case_wide(const PluginRecord* rec) {
-  auto wide = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "16");
+  auto wide = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "9");
   auto narrow = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "0");
   auto ref = cpu_reference();
   std::mt19937 rng(1616);
-  const std::vector<int> counts = {16, 0, 40, 3, 33};
+  const std::vector<int> counts = {16, 0, 40, 3, 33, 12, 29};
   for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
     CAPTURE(weight_format_name(f));
     for (const auto& hidden_ffn :
