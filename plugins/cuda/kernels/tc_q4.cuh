@@ -115,8 +115,25 @@ struct WarpSlice {
   int m0, part, n_groups_all, g_first, n_groups;
   int rows[2];
 };
-// TILES: the matrices are known to be in kTiles, whose rows are padded to a multiple of 16: the rows are the
-// tile's own (rows[1] = rows[0] + 8; a tile past the matrix is its last one), never clamped one by one.
+// K slice s of KS (whole batches of U groups: [s L, (s + 1) L) with L = U ceil(n / (KS U))) of a matrix of
+// n_all groups, and this thread's rows g, g + 8 of the 16-row tile at row tb. TILES: the matrices are known to be
+// in kTiles, whose rows are padded to a multiple of 16: the rows are the tile's own (rows[1] = rows[0] + 8; a
+// tile past the matrix is its last one), never clamped one by one. The wide kernels' warps share it.
+template <bool TILES>
+__device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int u, int s, int tb, int g,
+                                           int rows_out) {
+  ws.n_groups_all = n_all;
+  const int slice = (n_all + ks * u - 1) / (ks * u) * u;
+  ws.g_first = imin(s * slice, n_all);
+  ws.n_groups = imin(ws.g_first + slice, n_all);
+  if (TILES) {
+    ws.rows[0] = imin(tb, (rows_out - 1) & ~15) + g;
+    ws.rows[1] = ws.rows[0] + 8;
+  } else {
+    ws.rows[0] = imin(tb + g, rows_out - 1);
+    ws.rows[1] = imin(tb + g + 8, rows_out - 1);
+  }
+}
 template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
   using Sh = TileShape<GATE_UP>;
@@ -126,17 +143,7 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
   if (ws.m0 >= rows_out) return false;
   ws.mat = GATE_UP && ws.part == 1 ? &it.w1 : &it.w0;
   const int tb = GATE_UP ? ws.m0 : ws.m0 + 16 * ws.part;
-  ws.n_groups_all = it.w0.kp / kColPad;
-  const int slice = (ws.n_groups_all + Sh::KS * Sh::U - 1) / (Sh::KS * Sh::U) * Sh::U;
-  ws.g_first = imin((warp % Sh::KS) * slice, ws.n_groups_all);
-  ws.n_groups = imin(ws.g_first + slice, ws.n_groups_all);
-  if (TILES) {
-    ws.rows[0] = imin(tb, (rows_out - 1) & ~15) + g;
-    ws.rows[1] = ws.rows[0] + 8;
-  } else {
-    ws.rows[0] = imin(tb + g, rows_out - 1);
-    ws.rows[1] = imin(tb + g + 8, rows_out - 1);
-  }
+  slice_rows<TILES>(ws, it.w0.kp / kColPad, Sh::KS, Sh::U, warp % Sh::KS, tb, g, rows_out);
   return true;
 }
 

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
   const int kp = it.w0.kp;
   const int n_all = kp / kColPad;
 
-  // This warp's slice, as warp_slice makes it.
+  // This warp's slice and rows (the narrow kernels' K slices: slice_rows).
   const int my_slice = warp % KS, my_mat = (warp / KS) % Sh::kMats, rt = warp / (KS * Sh::kMats);
   const int slice = (n_all + KS * U - 1) / (KS * U) * U;
   auto first_of = [&](int s) { return imin(s * slice, n_all); };
@@ -76,17 +76,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
   ws.mat = my_mat == 1 ? &it.w1 : &it.w0;
   ws.m0 = m0;
   ws.part = my_mat;
-  ws.n_groups_all = n_all;
-  ws.g_first = first_of(my_slice);
-  ws.n_groups = imin(ws.g_first + slice, n_all);
-  const int tb = m0 + 16 * rt;
-  if (TILES) {
-    ws.rows[0] = imin(tb, (rows_out - 1) & ~15) + g;
-    ws.rows[1] = ws.rows[0] + 8;
-  } else {
-    ws.rows[0] = imin(tb + g, rows_out - 1);
-    ws.rows[1] = imin(tb + g + 8, rows_out - 1);
-  }
+  slice_rows<TILES>(ws, n_all, KS, U, my_slice, m0 + 16 * rt, g, rows_out);
   const int nb_all = batches_of(0);  // slice 0 has the most
   const int n_mine = ws.n_groups - ws.g_first;
   const int nb = n_mine / U;
