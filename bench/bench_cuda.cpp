@@ -6,7 +6,7 @@
 //      exact-mode kernels: gemv (opt-in: STRATA_CUDA_GEMV_MAX_ROWS), the exact tensor-core path (the default)
 //      and SIMT;
 //   3. the projection shape: 128 experts of 768x2048, top-8 of n = 1, 4, 32, 512 tokens routed at random;
-//   4. the exact paths (gemv, exact int8 tensor cores: the default, wide kernels from 16 rows, and the narrow
+//   4. the exact paths (gemv, exact int8 tensor cores: the default, wide kernels from 9 rows, and the narrow
 //      ones alone) vs W4A16 at 1..512 rows per expert: TFLOP/s, and where W4A16 (and the tensor cores) start
 //      to pay (the crossovers); alone with --prefill;
 //   5. issue -> take latency of a small group (resident weights), and of an empty group (pure overhead);

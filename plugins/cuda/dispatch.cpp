@@ -478,7 +478,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     const long n = std::strtol(v, &end, 10);
     settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 9;
   }
-  // The wide kernels ask for more than the default 48 KB of shared memory per block (71 KB): a device that
+  // The wide kernels ask for more than the default 48 KB of shared memory per block (69 KiB): a device that
   // allows less keeps every chunk on the narrow kernels (the same bits). (Every sm_80+ card allows 99 KB.)
   int smem_optin = 0;
   if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
@@ -1027,14 +1027,27 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
   const bool tc = q4 && !gemv;
   const int splits = tc ? kI8Splits : gemv ? kGemvSplits : 0;
   const int n = static_cast<int>(n_x_rows);
-  // Exact mode with enough rows: every chunk on the wide kernels (16 tokens each, the last one partly).
+  // The chunks (first row, rows, n-tiles: the operand's width). Exact mode with enough rows, as in plan_group:
+  // 16-token chunks on the wide kernels, the last one partly filled when more than 8 rows are left; the rest
+  // (at most 8) on the narrow kernels.
+  struct MChunk {
+    int start, len, nt;
+  };
+  std::vector<MChunk> mc;
   const bool wide = tc && settings_.wide_min_rows > 0 && n >= settings_.wide_min_rows;
-  const int cap = wide ? 2 * kWideNt : chunk_capacity(splits);
-  const int n_chunks = (n + cap - 1) / cap;
-  int nt = wide ? kWideNt : 0;
-  if (tc && !wide) {
-    for (int s = 0; s < n; s += cap) nt = std::max(nt, nt_for(splits, std::min(cap, n - s)));
+  constexpr int kWideTok = 2 * kWideNt;
+  const int n_wide = !wide ? 0 : n % kWideTok > chunk_capacity(kI8Splits) ? n : n / kWideTok * kWideTok;
+  for (int st = 0; st < n_wide; st += kWideTok) mc.push_back(MChunk{st, std::min(kWideTok, n_wide - st), kWideNt});
+  const size_t n_wide_chunks = mc.size();
+  const int cap = chunk_capacity(splits);
+  int nt = 0;  // the narrow chunks' (one launch)
+  for (int st = n_wide; st < n; st += cap) {
+    const int len = std::min(cap, n - st);
+    if (tc) nt = std::max(nt, nt_for(splits, len));
+    mc.push_back(MChunk{st, len, 0});
   }
+  for (size_t c = n_wide_chunks; c < mc.size(); ++c) mc[c].nt = nt;
+  const int n_chunks = static_cast<int>(mc.size());
   const int64_t kp = padded_cols(w.cols);
   const int64_t ld = tc ? kp : f32_operand_ld(splits, kp);  // the operand's row length
   Layout lay;
@@ -1048,10 +1061,10 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
   std::vector<uint64_t> in_off(static_cast<size_t>(n_chunks));
   int64_t max_prep = 0;
   for (int c = 0; c < n_chunks; ++c) {
-    const int len = std::min(cap, n - c * cap);
-    const int64_t cols = tc ? 8 * nt : len;
+    const MChunk& k = mc[static_cast<size_t>(c)];
+    const int64_t cols = tc ? 8 * k.nt : k.len;
     in_off[static_cast<size_t>(c)] =
-        lay.take(tc ? tc_operand_bytes(splits, nt, ld) : static_cast<uint64_t>(cols * ld) * 4);
+        lay.take(tc ? tc_operand_bytes(splits, k.nt, ld) : static_cast<uint64_t>(cols * ld) * 4);
     max_prep = std::max(max_prep, prep_threads(splits, cols, ld));
   }
   p.y_bytes = static_cast<uint64_t>(n_x_rows) * static_cast<uint64_t>(w.rows) * 4;
@@ -1068,28 +1081,35 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
       p.launches.push_back(
           LaunchSpec{false, w.dtype, false, splits, rest, static_cast<uint64_t>(full), 1, grid});
   } else {
-    p.launches.push_back(
-        LaunchSpec{tc, w.dtype, false, splits, nt, 0, n_chunks, grid_for(tc, splits, false, m.dm.rows, nt)});
+    const int n_narrow = n_chunks - static_cast<int>(n_wide_chunks);
+    if (n_wide_chunks > 0) {
+      p.launches.push_back(LaunchSpec{tc, w.dtype, false, splits, kWideNt, 0, static_cast<int>(n_wide_chunks),
+                                      grid_for(tc, splits, false, m.dm.rows, kWideNt)});
+    }
+    if (n_narrow > 0) {
+      p.launches.push_back(LaunchSpec{tc, w.dtype, false, splits, nt, n_wide_chunks, n_narrow,
+                                      grid_for(tc, splits, false, m.dm.rows, nt)});
+    }
   }
   for (int c = 0; c < n_chunks; ++c) {
-    const int start = c * cap, len = std::min(cap, n - start);
+    const MChunk& k = mc[static_cast<size_t>(c)];
     ItemSpec it;
     it.w0 = m;
     it.w1 = m;
-    it.n_tok = len;
+    it.n_tok = k.len;
     it.in_off = in_off[static_cast<size_t>(c)];
     it.in_splits = splits;
-    it.y_off = p.y_off + static_cast<uint64_t>(start) * static_cast<uint64_t>(w.rows) * 4;
+    it.y_off = p.y_off + static_cast<uint64_t>(k.start) * static_cast<uint64_t>(w.rows) * 4;
     it.y_ld = w.rows;
     p.items.push_back(it);
     JobSpec j;
     j.x_ld = w.cols;
-    j.row0 = start;
-    j.n_tok = len;
+    j.row0 = k.start;
+    j.n_tok = k.len;
     j.cols = static_cast<int>(w.cols);
     j.kp = static_cast<int>(ld);
     j.splits = splits;
-    j.ncols = tc ? 8 * nt : len;
+    j.ncols = tc ? 8 * k.nt : k.len;
     j.dst_off = in_off[static_cast<size_t>(c)];
     p.jobs.push_back(j);
   }

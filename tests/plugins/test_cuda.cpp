@@ -1022,8 +1022,10 @@ TEST_CASE(
 // formats, staged rows and resident tiles, K slices with whole batches, partial batches, half units and no
 // batch at all (gate/up K = 130, 1100, 2100, 600; down K = 33, 72, 1300, 290), slices of unequal lengths, row
 // blocks past the matrix (33 gate rows, 130 down rows), experts of 16, 33 and 40 rows (wide chunks plus a
-// narrow rest), 12 and 29 (a partly filled wide chunk) beside small ones; matmul at 16, 23 (a partial wide
-// chunk) and 40 rows.
+// narrow rest), 12 and 29 (a partly filled wide chunk) beside small ones; matmul at 9 (a partly filled
+// wide chunk), 16, 17 (a narrow rest of 1), 25 (16 + 9) and 40 rows. In the emulation, also that the wide kernels
+// really ran: with dynamic shared memory refused (STRATA_CUDA_EMU_NO_DYN_SMEM=1) such a group fails on the wide
+// backend and not on the narrow one.
 static void gpu_case_wide(const PluginRecord* rec) {
   auto wide = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "9");
   auto narrow = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "0");
@@ -1046,7 +1048,7 @@ static void gpu_case_wide(const PluginRecord* rec) {
         const auto got_n = resident ? on_device(*narrow, grp, keep).run(*narrow) : grp.run(*narrow);
         for (size_t e = 0; e < counts.size(); ++e) {
           CAPTURE(counts[e]);
-          CHECK(got_w[e] == got_n[e]);
+          CHECK(std::memcmp(got_w[e].data(), got_n[e].data(), got_n[e].size() * 4) == 0);
           CHECK(rel_err(got_w[e].data(), want[e].data(), want[e].size()) <= kExactTol);
         }
       }
@@ -1057,17 +1059,24 @@ static void gpu_case_wide(const PluginRecord* rec) {
       CAPTURE(i);
       const HostMatrix w = random_matrix(rng, f, o, i);
       const auto x = random_vec(rng, static_cast<size_t>(40 * i));
-      for (int64_t n : {16, 23, 40}) {
+      for (int64_t n : {9, 16, 17, 25, 40}) {
         CAPTURE(n);
         const size_t m = static_cast<size_t>(n * o);
         std::vector<float> want(m), yw(m, NAN), yn(m, NAN);
         ref->matmul(w.view(), x.data(), n, want.data());
         wide->matmul(w.view(), x.data(), n, yw.data());
         narrow->matmul(w.view(), x.data(), n, yn.data());
-        CHECK(yw == yn);
+        CHECK(std::memcmp(yw.data(), yn.data(), m * 4) == 0);
         CHECK(rel_err(yw.data(), want.data(), m) <= kExactTol);
       }
     }
+  }
+  if (rec->name == std::string("cuda_emu")) {
+    const Group grp(rng, 130, 72, 20, {16}, same_format(WeightFormat::Q4_G64, 1));
+    ::setenv("STRATA_CUDA_EMU_NO_DYN_SMEM", "1", 1);
+    CHECK_THROWS(grp.run(*wide));
+    CHECK_NOTHROW(grp.run(*narrow));
+    ::unsetenv("STRATA_CUDA_EMU_NO_DYN_SMEM");
   }
 }
 

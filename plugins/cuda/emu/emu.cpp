@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -342,8 +343,85 @@ Coords& coords() {
   return tls_coords;
 }
 
+namespace {
+std::atomic<uint64_t> g_launches{0};
+
+// A block's dynamic shared memory and each of its threads' cp.async queues (per OS thread: one block at a time).
+struct CpCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+};
+struct CpThread {
+  std::vector<CpCopy> open;                  // since the last commit
+  std::deque<std::vector<CpCopy>> groups;    // committed, oldest first
+};
+struct BlockLocal {
+  uint64_t launch = ~uint64_t{0};
+  uint3 block{~0u, ~0u, ~0u};
+  std::vector<uint8_t> smem;
+  std::vector<CpThread> cp;
+};
+thread_local BlockLocal tls_block;
+
+BlockLocal& block_local() {
+  BlockLocal& b = tls_block;
+  const Coords& c = tls_coords;
+  if (b.launch != c.launch || b.block.x != c.block_idx.x || b.block.y != c.block_idx.y) {
+    b.launch = c.launch;
+    b.block = c.block_idx;
+    b.smem.assign(static_cast<size_t>(max_smem_optin()), 0xA5);
+    b.cp.assign(c.block_dim.x, CpThread{});
+  }
+  return b;
+}
+
+std::mutex g_attr_mu;
+std::map<const void*, int> g_dyn_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
+}  // namespace
+
+uint8_t* dyn_smem() {
+  return block_local().smem.data();
+}
+
+void cp_async(void* dst, const void* src, int bytes) {
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
+      reinterpret_cast<uintptr_t>(src) % bytes != 0) {
+    die("cp.async of a size other than 4, 8, 16 or a misaligned address");
+  }
+  BlockLocal& b = block_local();
+  uint8_t* lo = b.smem.data();
+  if (static_cast<uint8_t*>(dst) < lo || static_cast<uint8_t*>(dst) + bytes > lo + b.smem.size()) {
+    die("cp.async outside the block's dynamic shared memory");
+  }
+  b.cp[tls_coords.thread_idx.x].open.push_back(CpCopy{dst, src, bytes});
+}
+
+void cp_async_commit() {
+  CpThread& t = block_local().cp[tls_coords.thread_idx.x];
+  t.groups.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void cp_async_wait(int n) {
+  CpThread& t = block_local().cp[tls_coords.thread_idx.x];
+  while (static_cast<int>(t.groups.size()) > n) {
+    for (const CpCopy& c : t.groups.front()) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+    t.groups.pop_front();
+  }
+}
+
+int max_dyn_smem(const void* kernel) {
+  if (const char* v = std::getenv("STRATA_CUDA_EMU_NO_DYN_SMEM"); v != nullptr && std::strcmp(v, "1") == 0) return 0;
+  std::lock_guard<std::mutex> lock(g_attr_mu);
+  const auto it = g_dyn_smem.find(kernel);
+  return it != g_dyn_smem.end() ? it->second : 48 * 1024;
+}
+
 void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void()>& body) {
   const unsigned threads = block.x * block.y * block.z;
+  const uint64_t launch = g_launches.fetch_add(1) + 1;
+  tls_coords.launch = launch;
   if (block.y != 1 || block.z != 1 || grid.z != 1) die("only 1-D blocks and 2-D grids are emulated");
   if (collectives && threads % 32 != 0) die("blocks of whole warps only");
   tls_coords.block_dim = block;
@@ -357,6 +435,7 @@ void run_grid(dim3 grid, dim3 block, bool collectives, const std::function<void(
       blocks.emplace_back([&, k] {
         tls_coords.block_dim = block;
         tls_coords.grid_dim = grid;
+        tls_coords.launch = launch;
         tls_coords.block_idx = make_uint3(k % grid.x, k / grid.x, 0);
         tls_baton = &baton;
         tls_slot = static_cast<int>(k);
@@ -620,6 +699,17 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     *value = strata_cuda::emu::max_smem_optin();
   else
     *value = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || value > strata_cuda::emu::max_smem_optin()) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(strata_cuda::emu::g_attr_mu);
+  strata_cuda::emu::g_dyn_smem[func] = value;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = tls_device;
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {

@@ -1,7 +1,7 @@
 // CPU emulation of the CUDA device features the kernels use (STRATA_CUDA_EMULATE builds only; see emu.cpp):
 // thread/block coordinates, __ldg/__ldcg, atomicAdd, __threadfence, warp shuffles, __syncwarp, __syncthreads,
-// mma.sync m16n8k16 bf16 and m16n8k32 s8, one bf16x2 fma, with warps run as 32 fibers that meet at every
-// collective instruction.
+// mma.sync m16n8k16 bf16 and m16n8k32 s8, one bf16x2 fma, cp.async (queued per thread, carried out at its
+// wait) and dynamic shared memory, with warps run as 32 fibers that meet at every collective instruction.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +20,7 @@ struct Coords {
   uint3 block_idx{0, 0, 0};
   dim3 block_dim;
   dim3 grid_dim;
+  uint64_t launch = 0;  // which launch the block belongs to (run_grid counts them)
 };
 Coords& coords();
 
@@ -43,6 +44,21 @@ int ptx_version();
 // sm_80/87 163 KB, sm_90/100 227 KB, the others (sm_86, 89, 120: consumer cards) 99 KB. A launch asking for
 // more fails, as on the hardware.
 int max_smem_optin();
+// The calling block's dynamic shared memory (STRATA_DYN_SMEM): max_smem_optin() bytes, filled with 0xA5 when a
+// block first asks for it, so a read of a place no copy has landed in yet gives garbage, not a value an earlier
+// block left there.
+uint8_t* dyn_smem();
+// cp.async (device_util.cuh): a copy is queued for the calling thread and carried out only when a
+// cp_async_wait lets its group complete, so a missing wait (or barrier) reads the poison above. Sizes 4, 8, 16;
+// both addresses aligned to the size.
+void cp_async(void* dst, const void* src, int bytes);
+void cp_async_commit();
+void cp_async_wait(int n);  // all but the newest n committed groups
+// The most dynamic shared memory a launch of `kernel` may ask for: 48 KB unless cudaFuncSetAttribute
+// (cudaFuncAttributeMaxDynamicSharedMemorySize) allowed more. STRATA_CUDA_EMU_NO_DYN_SMEM=1: none at all (a
+// test's way to see that a path launched a kernel with dynamic shared memory: its launch then fails).
+int max_dyn_smem(const void* kernel);
+
 // A spin-wait's pause (sleep_ns): another block's turn; dies in a grid whose blocks run one after another.
 void spin_pause();
 // %globaltimer: the host's steady clock in ns.

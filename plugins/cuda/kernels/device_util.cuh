@@ -42,7 +42,8 @@ template <class... P, class... A>
 cudaError_t launch_kernel_smem(void (*kernel)(P...), dim3 grid, dim3 block, unsigned smem, const Queue& on,
                                bool collectives, A... args) {
 #if defined(STRATA_CUDA_EMULATE)
-  if (smem > static_cast<unsigned>(emu::max_smem_optin())) return cudaErrorInvalidValue;
+  if (smem > 0 && smem > static_cast<unsigned>(emu::max_dyn_smem(reinterpret_cast<const void*>(kernel))))
+    return cudaErrorInvalidValue;
   // (no dependent launches before sm_90, and none with kernels built without griddepcontrol)
   if (on.pdl && (emu::sm_version() < 90 || emu::ptx_version() < 90)) return cudaErrorNotSupported;
   // (captured: the arguments as they are now, as a graph's kernel node keeps them)
@@ -68,9 +69,9 @@ cudaError_t launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, const Que
                           A... args) {
   return launch_kernel_smem(kernel, grid, block, 0u, on, collectives, args...);
 }
-// A kernel's dynamic shared memory (the emulation: a buffer per block, as large as an SM's).
+// A kernel's dynamic shared memory (the emulation: a buffer per block, poisoned when the block starts).
 #if defined(STRATA_CUDA_EMULATE)
-#define STRATA_DYN_SMEM(name) alignas(16) static thread_local uint8_t name[228 * 1024]
+#define STRATA_DYN_SMEM(name) uint8_t* const name = ::strata_cuda::emu::dyn_smem()
 #else
 #define STRATA_DYN_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
 #endif
@@ -275,10 +276,10 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
 // Asynchronous copies global -> shared memory (cp.async, sm_80): 16 bytes through L2 only, or 4 bytes; each
 // thread's copies since its last commit form a group, and cp_async_wait<N>() returns once at most N of its
 // groups are still in flight (the copies of the others have landed; a __syncthreads then shows them to the
-// block). The emulation copies at once.
+// block). The emulation queues the copies and carries them out at the wait (emu_device.hpp).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #if defined(STRATA_CUDA_EMULATE)
-  *static_cast<uint4*>(dst) = __ldg(static_cast<const uint4*>(src));
+  emu::cp_async(dst, src, 16);
 #else
   const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
@@ -286,20 +287,24 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 #if defined(STRATA_CUDA_EMULATE)
-  *static_cast<uint32_t*>(dst) = __ldg(static_cast<const uint32_t*>(src));
+  emu::cp_async(dst, src, 4);
 #else
   const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#if !defined(STRATA_CUDA_EMULATE)
+#if defined(STRATA_CUDA_EMULATE)
+  emu::cp_async_commit();
+#else
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-#if !defined(STRATA_CUDA_EMULATE)
+#if defined(STRATA_CUDA_EMULATE)
+  emu::cp_async_wait(N);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

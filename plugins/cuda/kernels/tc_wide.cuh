@@ -12,8 +12,9 @@
 //
 // Warps: warp w takes K slice w % KS of matrix (w / KS) % kMats (gate/up: gate, up) of row tile w / (KS kMats),
 // i.e. gate/up 2 slices x 2 matrices x 2 row tiles, linear 1 slice x 8 row tiles. Each runs its slice's whole
-// batches of 4 groups through two register buffers of weights (as run_batches), in step with the block: batch
-// j of every slice is staged (stage j % kWideStages) before any warp computes it; a warp whose slice has fewer
+// batches of 4 groups with its weights in registers, one rolling batch (a unit's words of the next batch load
+// as soon as the unit is converted), in step with the block: batch j of every slice is staged (stage
+// j % kWideStages) before any warp computes it; a warp whose slice has fewer
 // batches (the last slice of a K that does not divide evenly) only joins the barriers. The groups past the
 // whole batches (K % 256 of a slice) then read their operand from global memory, as the narrow kernels do.
 #pragma once
@@ -25,8 +26,11 @@
 namespace strata_cuda {
 
 constexpr int kWideWarps = 8;
-// Batches of operand in flight: 2 (71 KB a gate/up block) measured 11-12 % faster than 3 (106 KB) on an H100 at
-// 16-512 rows per expert (run85), 2 blocks per SM either way: the shared memory left to the L1 is what differs.
+// Batches of operand in flight: 2 (70,656 bytes a gate/up block, 35,840 a linear one) measured 11-12 % faster
+// than 3 (106 KB) on an H100 at 16-512 rows per expert (run85), 2 blocks per SM either way: the shared memory
+// left to the L1 is what differs. Every instance runs at the 128-register cap with a few spills (sm_90: 2-11
+// spill instructions per main-loop iteration of 64 mma; tools/sass_loops.py); the forms without spills were
+// slower (docs/benchmarks.md, runs 82-83).
 constexpr int kWideStages = 2;
 constexpr int kWideColBytes = 272;  // a column's 256 operand bytes of a batch + 16 (conflict-free 16-byte reads)
 
@@ -277,18 +281,17 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
 template <auto kernel, bool GATE_UP>
 cudaError_t launch_wide_instance(const WorkItem* items, int n_items, int grid_x, const Queue& on) {
   constexpr unsigned kBytes = WideShape<GATE_UP>::kSmemBytes;
-#if !defined(STRATA_CUDA_EMULATE)
   static std::atomic<uint64_t> allowed{0};  // a bit per device
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if ((allowed.load(std::memory_order_relaxed) & bit) == 0 || bit == 0) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kBytes));
+    e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kBytes));
     if (e != cudaSuccess) return e;
     allowed.fetch_or(bit, std::memory_order_relaxed);
   }
-#endif
   return launch_kernel_smem(kernel, dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items)),
                             dim3(kWideWarps * 32), kBytes, on, true, items);
 }
