@@ -97,6 +97,36 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
   }
 }
 
+// Exact mode, group k (0, 1) of a unit for one n-tile: w[0], w[1] the unit's words of rows g, g + 8 (x, y: group
+// 0's two words; z, w: group 1's), bv the n-tile's B values of the group's two k-steps. Its two chained mma
+// (word j feeds k-step j: its even nibbles k-slots 4q.., its odd ones 16 + 4q..), then each row's plane pair
+// joined in int32 and added with the factor sc * mult (Q4_ROW: mult) to acc_g (row g) and acc_h (row g + 8).
+// |c| <= 64 * 128 * 128 = 2^20, so a plane pair's c[0] + 256 c[1] < 2^29 in int32 (one conversion instead of
+// two: sm_90, 2 instructions less per group and n-tile, half the accumulators); the multiplier times the scale
+// is exact (a power of 2). The narrow kernels' units and the wide kernels' last groups run this.
+template <bool kGrouped>
+__device__ __forceinline__ void i8_group(const uint4 (&w)[2], int k, uint4 bv, uint32_t magic, float sg, float sh,
+                                         float mult, float& acc_g, float& acc_h) {
+  int32_t c[4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t wg = k == 0 ? (j == 0 ? w[0].x : w[0].y) : (j == 0 ? w[0].z : w[0].w);
+    const uint32_t wh = k == 0 ? (j == 0 ? w[1].x : w[1].y) : (j == 0 ? w[1].z : w[1].w);
+    const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
+    const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
+    const uint32_t b0 = j == 0 ? bv.x : bv.z, b1 = j == 0 ? bv.y : bv.w;
+    if (j == 0) {
+      mma_s8_16832(c, a0, a1, a2, a3, b0, b1, 0, 0, 0, 0);
+    } else {
+      mma_s8_16832(c, a0, a1, a2, a3, b0, b1, c[0], c[1], c[2], c[3]);
+    }
+  }
+  const float f0 = kGrouped ? sg * mult : mult;
+  const float f1 = kGrouped ? sh * mult : mult;
+  acc_g = fmaf(f0, static_cast<float>(c[0] + 256 * c[1]), acc_g);
+  acc_h = fmaf(f1, static_cast<float>(c[2] + 256 * c[3]), acc_h);
+}
+
 // One warp's share of tile bx of a work item: its matrix, its two rows (g, g + 8 of its 16-row tile; rows past
 // the matrix clamped to the last, their results never stored) and its K slice of 64-column groups,
 // [g_first, n_groups), whole batches of U. Depends on the shape only. false: the tile is past the item's rows
@@ -398,28 +428,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           if (k == 1 && !two) break;  // warp-uniform
-          int32_t c[4];
-          const uint4 bv = b(t, k);
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t wg = k == 0 ? (j == 0 ? w[0].x : w[0].y) : (j == 0 ? w[0].z : w[0].w);
-            const uint32_t wh = k == 0 ? (j == 0 ? w[1].x : w[1].y) : (j == 0 ? w[1].z : w[1].w);
-            const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
-            const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
-            const uint32_t b0 = j == 0 ? bv.x : bv.z, b1 = j == 0 ? bv.y : bv.w;
-            if (j == 0) {
-              mma_s8_16832(c, a0, a1, a2, a3, b0, b1, 0, 0, 0, 0);
-            } else {
-              mma_s8_16832(c, a0, a1, a2, a3, b0, b1, c[0], c[1], c[2], c[3]);
-            }
-          }
-          // |c| <= 64 * 128 * 128 = 2^20, so a plane pair's c[0] + 256 c[1] < 2^29 in int32 (one conversion
-          // instead of two: sm_90, 2 instructions less per group and n-tile, half the accumulators); the
-          // multiplier times the scale is exact (a power of 2).
-          const float f0 = kGrouped ? sg[k] * mult[t][k] : mult[t][k];
-          const float f1 = kGrouped ? sh[k] * mult[t][k] : mult[t][k];
-          acc[t][0] = fmaf(f0, static_cast<float>(c[0] + 256 * c[1]), acc[t][0]);
-          acc[t][2] = fmaf(f1, static_cast<float>(c[2] + 256 * c[3]), acc[t][2]);
+          i8_group<kGrouped>(w, k, b(t, k), magic, sg[k], sh[k], mult[t][k], acc[t][0], acc[t][2]);
         }
       }
     };

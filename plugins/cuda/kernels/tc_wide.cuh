@@ -216,24 +216,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
         for (int k = 0; k < 2; ++k) {
           if (k == 1 && !two) break;
           const uint4 bv = ld_cached_u4(bu + t * ntile_stride + 16 * k);
-          const float mk = __ldg(mnext + 2 * t * n_all + k);
-          int32_t c[4];
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const uint32_t wg = k == 0 ? (j == 0 ? w[0].x : w[0].y) : (j == 0 ? w[0].z : w[0].w);
-            const uint32_t wh = k == 0 ? (j == 0 ? w[1].x : w[1].y) : (j == 0 ? w[1].z : w[1].w);
-            const uint32_t a0 = q4_i8_even(wg, magic), a1 = q4_i8_even(wh, magic);
-            const uint32_t a2 = q4_i8_odd(wg, magic), a3 = q4_i8_odd(wh, magic);
-            if (j == 0) {
-              mma_s8_16832(c, a0, a1, a2, a3, bv.x, bv.y, 0, 0, 0, 0);
-            } else {
-              mma_s8_16832(c, a0, a1, a2, a3, bv.z, bv.w, c[0], c[1], c[2], c[3]);
-            }
-          }
-          const float f0 = kGrouped ? sg[k] * mk : mk;
-          const float f1 = kGrouped ? sh[k] * mk : mk;
-          acc[t][0] = fmaf(f0, static_cast<float>(c[0] + 256 * c[1]), acc[t][0]);
-          acc[t][1] = fmaf(f1, static_cast<float>(c[2] + 256 * c[3]), acc[t][1]);
+          i8_group<kGrouped>(w, k, bv, magic, sg[k], sh[k], __ldg(mnext + 2 * t * n_all + k), acc[t][0], acc[t][1]);
         }
       }
       bnext += 2 * kColPad;
