@@ -718,8 +718,22 @@ void place_uploads(Plan& p, Layout& lay) {
   }
 }
 
+// A tensor-core launch of the wide kernels: exact mode with kWideNt n-tiles (narrow ones have at most 4).
+bool wide_launch(bool tc, int splits, int nt) {
+  return tc && splits == kI8Splits && nt == kWideNt;
+}
+
+// Of a call (expert or matmul) with n rows in exact mode, how many run in 2 kWideNt-token chunks on the wide
+// kernels: none below s.wide_min_rows; else all of them when more than a narrow chunk's 8 are left over (the
+// last wide chunk partly filled), or else the whole chunks, the rest (at most 8) on the narrow kernels.
+int wide_rows(const Settings& s, int n) {
+  constexpr int kWideTok = 2 * kWideNt;
+  if (s.wide_min_rows <= 0 || n < s.wide_min_rows) return 0;
+  return n % kWideTok > chunk_capacity(kI8Splits) ? n : n / kWideTok * kWideTok;
+}
+
 int grid_for(bool tc, int splits, bool gate_up, int rows, int nt = 0) {
-  const bool wide = tc && splits == kI8Splits && nt == kWideNt;
+  const bool wide = wide_launch(tc, splits, nt);
   const int per_block = wide                    ? (gate_up ? kWideRowsGateUp : kWideRowsLinear)
                         : tc                    ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
@@ -805,15 +819,10 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     const int cap = std::min(chunk_capacity(s_in), chunk_capacity(s_h));
     task_rows_at[static_cast<size_t>(t)] = p.rows.size();
     p.rows.insert(p.rows.end(), task.rows, task.rows + task.n_rows);
-    // Exact mode throughout and enough rows: chunks of 2 kWideNt tokens on the wide kernels, the last one
-    // partly filled when more than a narrow chunk's 8 tokens are left; a rest of at most 8 on the narrow ones
-    // (the same bits either way).
-    const bool wide = gu_tc && dn_tc && s_in == kI8Splits && s_h == kI8Splits && settings_.wide_min_rows > 0 &&
-                      task.n_rows >= settings_.wide_min_rows;
+    // Exact mode throughout: wide_rows' chunks on the wide kernels (the same bits as the narrow ones).
+    const bool exact = gu_tc && dn_tc && s_in == kI8Splits && s_h == kI8Splits;
+    const int n_wide = exact ? wide_rows(settings_, task.n_rows) : 0;
     constexpr int kWideTok = 2 * kWideNt;
-    const int n_wide = !wide                                                  ? 0
-                       : task.n_rows % kWideTok > chunk_capacity(kI8Splits) ? task.n_rows
-                                                                            : task.n_rows / kWideTok * kWideTok;
     for (int start = 0; start < n_wide; start += kWideTok) {
       chunks.push_back(Chunk{t, start, std::min(kWideTok, n_wide - start), gate, up, down,
                              ClassKey{true, e.gate.dtype, kI8Splits, 0, true},
@@ -1027,16 +1036,14 @@ void CudaBackend::plan_matmul(Plan& p, const strata_matrix& w, const float* x, i
   const bool tc = q4 && !gemv;
   const int splits = tc ? kI8Splits : gemv ? kGemvSplits : 0;
   const int n = static_cast<int>(n_x_rows);
-  // The chunks (first row, rows, n-tiles: the operand's width). Exact mode with enough rows, as in plan_group:
-  // 16-token chunks on the wide kernels, the last one partly filled when more than 8 rows are left; the rest
-  // (at most 8) on the narrow kernels.
+  // The chunks (first row, rows, n-tiles: the operand's width). Exact mode, as in plan_group: wide_rows' chunks
+  // on the wide kernels, the rest on the narrow ones.
   struct MChunk {
     int start, len, nt;
   };
   std::vector<MChunk> mc;
-  const bool wide = tc && settings_.wide_min_rows > 0 && n >= settings_.wide_min_rows;
+  const int n_wide = tc ? wide_rows(settings_, n) : 0;
   constexpr int kWideTok = 2 * kWideNt;
-  const int n_wide = !wide ? 0 : n % kWideTok > chunk_capacity(kI8Splits) ? n : n / kWideTok * kWideTok;
   for (int st = 0; st < n_wide; st += kWideTok) mc.push_back(MChunk{st, std::min(kWideTok, n_wide - st), kWideNt});
   const size_t n_wide_chunks = mc.size();
   const int cap = chunk_capacity(splits);
@@ -1327,7 +1334,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
                               static_cast<uint64_t>(first);
       cudaError_t e;
       std::string name;
-      if (l.tc && l.splits == kI8Splits && l.nt == kWideNt) {
+      if (wide_launch(l.tc, l.splits, l.nt)) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_wide" : "_q4row_wide");
         e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, items, n, l.grid_x, on)

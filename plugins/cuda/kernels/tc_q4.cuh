@@ -149,11 +149,12 @@ struct WarpSlice {
 // n_all groups, and this thread's rows g, g + 8 of the 16-row tile at row tb. TILES: the matrices are known to be
 // in kTiles, whose rows are padded to a multiple of 16: the rows are the tile's own (rows[1] = rows[0] + 8; a
 // tile past the matrix is its last one), never clamped one by one. The wide kernels' warps share it.
+__device__ __forceinline__ int slice_groups(int n_all, int ks, int u) { return (n_all + ks * u - 1) / (ks * u) * u; }
 template <bool TILES>
 __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int u, int s, int tb, int g,
                                            int rows_out) {
   ws.n_groups_all = n_all;
-  const int slice = (n_all + ks * u - 1) / (ks * u) * u;
+  const int slice = slice_groups(n_all, ks, u);
   ws.g_first = imin(s * slice, n_all);
   ws.n_groups = imin(ws.g_first + slice, n_all);
   if (TILES) {

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
 
   // This warp's slice and rows (the narrow kernels' K slices: slice_rows).
   const int my_slice = warp % KS, my_mat = (warp / KS) % Sh::kMats, rt = warp / (KS * Sh::kMats);
-  const int slice = (n_all + KS * U - 1) / (KS * U) * U;
+  const int slice = slice_groups(n_all, KS, U);
   auto first_of = [&](int s) { return imin(s * slice, n_all); };
   auto batches_of = [&](int s) { return (imin(first_of(s) + slice, n_all) - first_of(s)) / U; };
   WarpSlice ws;
