@@ -29,6 +29,7 @@
 
 #include "cuda_backend.hpp"
 #include "kernels/work.hpp"  // launch_hold
+#include "sm_reserve.hpp"
 
 using strata_cuda::CudaBackend;
 
@@ -295,11 +296,23 @@ int main(int argc, char** argv) {
       "only the GLM-5.2 layer at 1-4 rows with the layer kernel's tile timeline (where a launch's time "
       "goes)");
   int layer_experts = 8;
+  int reserve_sms = 0;
+  app.add_option("--reserve-sms", reserve_sms,
+                 "suite 2 on the other SMs: this many are kept by a waiting kernel (an H100 with 40 of 132 "
+                 "reserved has the H200's bandwidth per SM)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option(
          "--layer-experts", layer_experts,
          "experts per group in suite 2 (8: a GLM-5.2 layer; more: what one launch's ramp and tail cost)")
       ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
+  if (reserve_sms > 0 && timeline) {
+    fmt::print(
+        "bench_cuda: --reserve-sms does not go with --timeline (its buffer's cudaFree waits for the "
+        "whole device, the reserved SMs too)\n");
+    return 2;
+  }
+  if (reserve_sms > 0) strata_bench::SmReserve::eager_modules();
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
   if (!why.empty()) {
@@ -338,6 +351,18 @@ int main(int argc, char** argv) {
       b.settings().tiles = false;
       make_pool(pool_rows, b, dtype, layer_experts * layers, H, F, 1000);
       b.settings().tiles = true;
+      // With SMs reserved: the slots' buffers at their largest first (freeing memory waits for the device).
+      if (reserve_sms > 0) {
+        std::vector<Group> warm(1);
+        for (int e = 0; e < layer_experts; ++e) {
+          warm[0].expert.push_back(e);
+          warm[0].rows.push_back({0, 1, 2, 3, 4, 5, 6, 7});
+        }
+        warm[0].finalize(pool, H);
+        const std::vector<float> wx(static_cast<size_t>(8 * H), 0.5f);
+        (void)time_groups(b, warm, wx, 8, H, 1, 100);
+      }
+      const strata_bench::SmReserve reserve(reserve_sms, prop.multiProcessorCount);
       fmt::print(
           "\nGLM-5.2 layer, {}: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} "
           "layers\n",
@@ -758,7 +783,7 @@ int main(int argc, char** argv) {
           "empty group: {:.1f} us\n",
           f, h, full, median(kd) * 1e3, empty);
     }
-  } catch (const strata_cuda::Failure& e) {
+  } catch (const std::exception& e) {
     fmt::print("bench_cuda failed: {}\n", e.what());
     return 1;
   }

@@ -14,14 +14,19 @@
 //   occupancy is what the shared memory allows.
 // Every configuration reads one set (100.7 MB, like a decode layer) and then all 4 sets in one launch: the
 // difference of the two times is the steady rate without the launch's ramp and last-wave tail.
+// --reserve-sms N: the reads on the SMs but N (sm_reserve.hpp: an H100 with 40 held has an H200's bandwidth per
+// SM); --only PATTERN: the configurations whose name starts with it.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdint>
 #include <fmt/format.h>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "sm_reserve.hpp"
 
 namespace {
 
@@ -199,7 +204,13 @@ int main(int argc, char** argv) {
   int device = 0, reps = 20;
   app.add_option("--device", device);
   app.add_option("--reps", reps, "timed passes per configuration");
+  int reserve_sms = 0;
+  app.add_option("--reserve-sms", reserve_sms, "this many SMs held by a waiting kernel while the reads run")
+      ->check(CLI::NonNegativeNumber);
+  std::string only;
+  app.add_option("--only", only, "the configurations whose name starts with this (tiled, bulk, piece, ...)");
   CLI11_PARSE(app, argc, argv);
+  if (reserve_sms > 0) strata_bench::SmReserve::eager_modules();
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
     fmt::print("bench_read: no CUDA device\n");
@@ -231,6 +242,13 @@ int main(int argc, char** argv) {
     if (i > 0) ct.push_back(ms);
   }
   const double copy = 2.0 * 2 * set_bytes / (median(ct) * 1e-3) / 1e9;
+  std::unique_ptr<strata_bench::SmReserve> reserve;
+  try {
+    reserve = std::make_unique<strata_bench::SmReserve>(reserve_sms, prop.multiProcessorCount);
+  } catch (const std::exception& e) {
+    fmt::print("bench_read: {}\n", e.what());
+    return 1;
+  }
   fmt::print("device {}: {}, {} SMs; device-to-device copy {:.0f} GB/s (read + write)\n", device, prop.name,
              prop.multiProcessorCount, copy);
   fmt::print("reads of {:.1f} MB (16 matrices of {}x{} bytes), 16-row tiles, one warp per tile\n",
@@ -257,6 +275,7 @@ int main(int argc, char** argv) {
     return median(t);
   };
   auto report = [&](auto kernel, const char* name, int depth, int smem, int per_tile = 1) {
+    if (std::string(name).rfind(only, 0) != 0) return;
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem);
@@ -307,6 +326,7 @@ int main(int argc, char** argv) {
   run_bulk(bulk_kernel<3, 8192>, 3, 8192);
   run_bulk(bulk_kernel<4, 8192>, 4, 8192);
   run_bulk(bulk_kernel<2, 16384>, 2, 16384);
+  reserve.reset();  // (before cudaFree, which waits for the whole device)
   cudaFree(data);
   cudaFree(sink);
   return 0;

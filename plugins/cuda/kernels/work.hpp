@@ -192,6 +192,12 @@ cudaError_t launch_linear_q4g64_gemv(int t, const WorkItem* items, int n_items, 
 cudaError_t launch_linear_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 // A kernel that spins for `us` microseconds (bench: queues the launches after it; kernels/hold.cu).
 cudaError_t launch_hold(int us, cudaStream_t stream);
+// Keeps n_sms SMs to itself until *stop is set or limit_ms has passed (bench: the kernels measured run on the
+// other SMs; kernels/hold.cu): a block per SM with all the shared memory a block may have. *started counts
+// the blocks running, smids[] their SMs; *expired is set when the time ran out. The emulation:
+// cudaErrorNotSupported.
+cudaError_t launch_occupy(int n_sms, const volatile int* stop, int* started, int* expired, int* smids,
+                          int limit_ms, cudaStream_t stream);
 // SIMT f32 kernels for every format (up to kSimtMaxTok tokens per item).
 cudaError_t launch_gate_up_simt(int dtype, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_linear_simt(int dtype, const WorkItem* items, int n_items, int grid_x, const Queue& on);
