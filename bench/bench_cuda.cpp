@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
@@ -149,10 +150,19 @@ struct Group {
 
 // Median kernel ms over `rounds` passes through the groups (each timed once per pass, after a warm-up pass).
 // hold_us > 0: the launches queued behind a spinning kernel (device time without the host's submission).
+// reserve_sms > 0: the timed passes with that many SMs held (sm_reserve.hpp); the warm-up pass, which may grow
+// the slot's buffers (freeing memory waits for the whole device), without.
 double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<float>& x, int64_t n_x,
-                   int64_t hidden, int rounds, int hold_us = 0) {
+                   int64_t hidden, int rounds, int hold_us = 0, int reserve_sms = 0) {
   std::vector<double> ms;
+  std::unique_ptr<strata_bench::SmReserve> reserve;
   for (int r = 0; r <= rounds; ++r) {
+    if (r == 1 && reserve_sms > 0) {
+      int dev = 0, sms = 0;
+      (void)cudaGetDevice(&dev);
+      (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      reserve = std::make_unique<strata_bench::SmReserve>(reserve_sms, sms, 20000, false);
+    }
     for (auto& g : gs) {
       const auto t = b.time_expert_group(x.data(), n_x, hidden, static_cast<int32_t>(g.tasks.size()),
                                          g.tasks.data(), 1, hold_us);
@@ -351,18 +361,11 @@ int main(int argc, char** argv) {
       b.settings().tiles = false;
       make_pool(pool_rows, b, dtype, layer_experts * layers, H, F, 1000);
       b.settings().tiles = true;
-      // With SMs reserved: the slots' buffers at their largest first (freeing memory waits for the device).
       if (reserve_sms > 0) {
-        std::vector<Group> warm(1);
-        for (int e = 0; e < layer_experts; ++e) {
-          warm[0].expert.push_back(e);
-          warm[0].rows.push_back({0, 1, 2, 3, 4, 5, 6, 7});
-        }
-        warm[0].finalize(pool, H);
-        const std::vector<float> wx(static_cast<size_t>(8 * H), 0.5f);
-        (void)time_groups(b, warm, wx, 8, H, 1, 100);
+        fmt::print("{} of {} SMs reserved (a waiting block each) during the timed passes below: their kernels "
+                   "run on the other {}\n",
+                   reserve_sms, prop.multiProcessorCount, prop.multiProcessorCount - reserve_sms);
       }
-      const strata_bench::SmReserve reserve(reserve_sms, prop.multiProcessorCount);
       fmt::print(
           "\nGLM-5.2 layer, {}: {} experts of gate/up {}x{} + down {}x{} ({:.2f} MB each), cold over {} "
           "layers\n",
@@ -502,8 +505,8 @@ int main(int argc, char** argv) {
             }
             gs[static_cast<size_t>(l)].finalize(vp, H);
           }
-          const double ms = time_groups(b, gs, x, x_rows, H, rounds);
-          const double qms = time_groups(b, gs, x, x_rows, H, rounds, 100);
+          const double ms = time_groups(b, gs, x, x_rows, H, rounds, 0, reserve_sms);
+          const double qms = time_groups(b, gs, x, x_rows, H, rounds, 100, reserve_sms);
           const double gbs = layer_bytes / (ms * 1e-3) / 1e9;
           const double qgbs = layer_bytes / (qms * 1e-3) / 1e9;
           fmt::print("{:<31} {:>5} {:>10.1f} {:>9.0f} {:>9.1f}% {:>9.1f}% {:>10.1f} {:>9.1f}%\n", v.name,

@@ -30,7 +30,7 @@ class SmReserve {
 
   // The flags live in device memory, written and read by copies on a stream of their own: polling mapped
   // host memory from the waiting blocks slowed every kernel beside them ~10x (an H100, run94).
-  SmReserve(int n, int sms, int limit_ms = 60000) : n_(n) {
+  SmReserve(int n, int sms, int limit_ms = 60000, bool announce = true) : n_(n) {
     if (n <= 0) return;
     if (n >= sms) throw std::runtime_error(fmt::format("--reserve-sms {}: the device has {} SMs", n, sms));
     const size_t bytes = sizeof(int) * static_cast<size_t>(n + 3);
@@ -56,8 +56,10 @@ class SmReserve {
     const std::set<int> distinct(host_ + 3, host_ + 3 + n);
     if (static_cast<int>(distinct.size()) != n)
       throw std::runtime_error(fmt::format("--reserve-sms: {} blocks on only {} SMs", n, distinct.size()));
-    fmt::print("reserved {} of {} SMs (a waiting block each): the kernels below run on the other {}\n", n,
-               sms, sms - n);
+    if (announce) {
+      fmt::print("reserved {} of {} SMs (a waiting block each): the kernels below run on the other {}\n", n,
+                 sms, sms - n);
+    }
   }
   ~SmReserve() {
     if (dev_ != nullptr && host_ != nullptr && ctl_ != nullptr) {
