@@ -14,6 +14,8 @@
 //   decode:
 //      wall time from the issue to the take's return, back to back and after the device sat idle (the host
 //      computing attention), with the take's polling as set and with a 50 us poll before sleeping.
+// --reserve-sms N: suite 2's timed passes with N SMs held by a waiting kernel (sm_reserve.hpp): an H100 with 52
+// held stands in for an H200 (calibrated against the H200's figures, docs/benchmarks.md).
 // --timeline: instead of all that, where a GLM-5.2 layer launch's time goes at 1-4 rows: the layer kernel
 // records each tile's SM, start, inputs and end (the device's ns clock), summarised per launch.
 #include <cuda_runtime.h>
@@ -308,8 +310,8 @@ int main(int argc, char** argv) {
   int layer_experts = 8;
   int reserve_sms = 0;
   app.add_option("--reserve-sms", reserve_sms,
-                 "suite 2 on the other SMs: this many are kept by a waiting kernel (an H100 with 40 of 132 "
-                 "reserved has the H200's bandwidth per SM)")
+                 "suite 2's timed passes on the other SMs: this many are held by a waiting kernel (an H100 "
+                 "with 52 of 132 held gives the H200's percentages of peak: calibrated, docs/benchmarks.md)")
       ->check(CLI::NonNegativeNumber);
   app.add_option(
          "--layer-experts", layer_experts,

@@ -16,9 +16,11 @@
 namespace strata_bench {
 
 // --reserve-sms N: N SMs held by a block each of a kernel that waits (strata_cuda::launch_occupy) for the
-// object's lifetime. An H100 (3.35 TB/s) with 40 of its 132 SMs held leaves 92, each with the bytes per
-// second of HBM an H200's SM has (4.8 TB/s over 132 SMs; the same SMs and clocks), so a kernel's % of the
-// H100's peak there estimates its % of the H200's. Nothing that waits for the whole device may run meanwhile
+// object's lifetime. The H200 has the H100's SMs and clocks with 1.43x the bandwidth, so a kernel bound by its
+// per-SM work reaches a smaller share of the H200's peak. An H100 with fewer SMs at work has more bandwidth per
+// SM: 40 held (92 left) is the H200's share per SM, but measured against the H200's own figures for one kernel
+// (2026-12-05, run97 against run61) it took 52 held for the H100's % of peak to match the H200's at 1, 2 and
+// 3-4 rows, so 52 is the stand-in. Nothing that waits for the whole device may run meanwhile
 // (cudaFree, cudaDeviceSynchronize, and the first launch of a kernel loaded lazily: the program calls
 // eager_modules() before its first CUDA call): it would wait until the kernel's time limit, and what it
 // measures then runs on every SM (said at the end).

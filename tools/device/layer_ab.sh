@@ -13,6 +13,7 @@
 # expert its own rows, not the same ones): bench_cuda's rows of the layer kernel's other
 # modes, measured in the same process) and
 # logs.tgz (test_cuda.log and every bench log).
+# An H100 standing in for an H200: BENCH_ARGS='--layer --quick --rounds 5 --reserve-sms 52' (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out_default=/tmp/layer_ab
