@@ -112,6 +112,13 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
+  // The layer kernel's gate/up warps keep 2 to 4 more load batches (2 KB each) of their weights requested
+  // into the L2 (cp.async.bulk.prefetch.L2, sm_90+; kLayerPrefetch) than the two their registers hold; for the
+  // default instances (1 n-tile with B ahead, 2 n-tiles lean), the others ignore it. Same results bit for bit.
+  // Off by default: a per-lane form (prefetch.global.L2, run71) was 3 us slower on a full H100, where the layer
+  // reads near the card's bandwidth; the H200 (or an H100 standing in for one, bench_cuda --reserve-sms 52) is
+  // bound by its SMs' work instead, which is what this is for. Not measured yet. STRATA_CUDA_LAYER_PREFETCH=1.
+  bool layer_prefetch = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

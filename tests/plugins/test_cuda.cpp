@@ -9,6 +9,8 @@
 //
 // Runs from the build tree or from a bundle (tools/device/cuda_check.sh): plugins are found beside the
 // executable; STRATA_FIXTURES_DIR overrides the fixtures folder.
+#include <dlfcn.h>
+
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -1006,12 +1008,33 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}},
-                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "1"}},
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+    // The emulation counts the L2 prefetches its kernels ask for (and checks each lies in a device allocation):
+    // the prefetching instances must have run where asked for, and no others prefetch.
+    auto prefetches = [&]() -> int64_t {
+      if (rec->name != std::string("cuda_emu")) return -1;
+      void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
+      REQUIRE(h != nullptr);
+      void* sym = dlsym(h, "strata_cuda_emu_prefetch_count");
+      dlclose(h);
+      REQUIRE(sym != nullptr);
+      auto* count = reinterpret_cast<uint64_t (*)()>(sym);
+      return static_cast<int64_t>(count());
+    };
     for (const Env& env : modes) {
       std::string mode;
-      for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
+      bool prefetch = false;
+      for (const auto& [var, value] : env) {
+        mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
+        prefetch = prefetch || std::string(var) == "STRATA_CUDA_LAYER_PREFETCH";
+      }
       CAPTURE(mode);
+      const int64_t before = prefetches();
       gpu_case_layer(rec, env);
+      if (before >= 0) CHECK((prefetches() > before) == prefetch);
     }
   }
 }

@@ -98,7 +98,9 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-template <int FMT, int NT, bool LEAN = false>
+// PF > 0: the gate/up tiles' warps ask the L2 for their weights ahead (tc_q4_tile's PF; opt-in,
+// Settings::layer_prefetch). The down tiles' warps hold their whole slice (2 batches) in registers anyway.
+template <int FMT, int NT, bool LEAN = false, int PF = 0>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true, PF>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -201,10 +203,16 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN). prefetch: the instances whose
+// gate/up warps prefetch their weights into the L2 (kLayerPrefetch), built for the default modes only (1 n-tile
+// with B ahead, 2 n-tiles lean); the others ignore it.
 template <int FMT>
-cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
+cudaError_t launch_tc_q4_layer(int nt, bool lean, bool prefetch, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
+  if (prefetch && nt == 1 && !lean)
+    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, kLayerPrefetch>>(lw, on);
+  if (prefetch && nt == 2 && lean)
+    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, kLayerPrefetch>>(lw, on);
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);

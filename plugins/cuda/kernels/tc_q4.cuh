@@ -334,9 +334,11 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
-// in kTiles (the layer kernel's; see warp_slice, weight_stream).
+// in kTiles (the layer kernel's; see warp_slice, weight_stream). PF > 0 (exact, TIED, TILES: the layer kernel's
+// opt-in instances): each warp's lane 0 asks the L2 for the weights and scales PF to PF + 2 batches beyond the
+// two its registers hold, so more of the slice is on its way.
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
-          class Wait, class Carry = NoCarry>
+          int PF = 0, class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -433,8 +435,32 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
+    // PF (a multiple of 2): lane 0 asks the L2 for the weights (2 KB a batch) and Q4_G64 scales (256 bytes) of
+    // batches 2 .. PF + 1 before the first, then with every second batch loaded or skipped, batch i, for
+    // batches i + PF + 2 and i + PF + 3, while they lie in the slice: PF to PF + 2 batches requested beyond the
+    // two the registers hold. (sm_90: the prefetch takes uniform registers, so each costs ~10 instructions, an
+    // R2UR loop that runs once; two per two batches.)
+    static_assert(PF == 0 || (kTied && TILES && PF % 2 == 0), "L2 prefetch: the layer kernel's streams only");
+    const uint8_t* const w_end = st.w0 + static_cast<int64_t>(nb) * 2 * st.w_u;
+    auto prefetch = [&](bool on, const uint8_t* w, int n) {
+      l2_prefetch_bulk(on, w, static_cast<uint32_t>(n * 2 * st.w_u));
+      if (kGrouped) l2_prefetch_bulk(on, scale_at<kTied>(st, w), static_cast<uint32_t>(n * 2 * st.w_u / 8));
+    };
+    int pf_batch = 0;  // batches loaded or skipped
+    auto prefetch_ahead = [&] {
+      if constexpr (PF > 0) {
+        if ((pf_batch++ & 1) == 0) {  // (warp-uniform)
+          const uint8_t* w = st.w0 + (PF + 2) * 2 * st.w_u;
+          prefetch(lane == 0 && w < w_end, w, imin(2, static_cast<int>((w_end - w) / (2 * st.w_u))));
+        }
+      }
+    };
+    if constexpr (PF > 0) prefetch(lane == 0 && nb > 2, st.w0 + 2 * 2 * st.w_u, imin(PF, nb - 2));
     // The next batch's weights and scales.
-    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {
+      prefetch_ahead();
+      load_i8_batch<kGrouped, kTied>(wv, sv, st);
+    };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
@@ -475,7 +501,12 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     run_batches(
-        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
+        nb, R.wa, R.wb, R.sa, R.sb, load_w,
+        [&] {
+          prefetch_ahead();
+          skip_i8_batch<kGrouped, kTied>(st);
+        },
+        carry.primed(), wait_inputs,
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
