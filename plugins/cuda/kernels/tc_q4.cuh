@@ -62,10 +62,11 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
 // The weight pipeline of both modes: a warp's nb batches through two register buffers (wa/sa, wb/sb: weights,
 // and their Q4_G64 scales). Batches 0 and 1 are requested before waiting for the previous kernel (the
 // operand's producer; wait_inputs(), called by every warp of the block): with a dependent launch they load
-// while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s): the next batch into a
-// buffer; first(): what the first batch needs besides (its B values); run(w, s, last).
+// while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s, even): the next batch into a
+// buffer (even: true for the even batches, which go to wa, false for the odd ones; constants once inlined);
+// first(): what the first batch needs besides (its B values); run(w, s, last).
 // primed (0..2): the first batches already sit in wa (and wb), loaded by the tile before on this block (the
-// persistent layer kernel); skip_w() advances the pointers past one of them instead. near_end(): called once
+// persistent layer kernel); skip_w(even) advances the pointers past one of them instead. near_end(): called once
 // as the last two batches begin (the layer kernel takes its next ticket there).
 template <class W, class LoadW, class SkipW, class Wait, class First, class Run, class NearEnd>
 __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2], float4 (&sb)[2], LoadW&& load_w,
@@ -73,25 +74,25 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
                                             Run&& run, NearEnd&& near_end) {
   if (nb > 0) {
     if (primed > 0)
-      skip_w();
+      skip_w(true);
     else
-      load_w(wa, sa);
+      load_w(wa, sa, true);
   }
   if (nb > 1) {
     if (primed > 1)
-      skip_w();
+      skip_w(false);
     else
-      load_w(wb, sb);
+      load_w(wb, sb, false);
   }
   wait_inputs();
   if (nb <= 0) return;
   first();
   for (int bi = 0; bi < nb; bi += 2) {
     if (bi + 2 >= nb) near_end();
-    if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
+    if (bi > 0 && bi + 1 < nb) load_w(wb, sb, false);  // (the first was loaded before the wait)
     run(wa, sa, bi + 1 == nb);
     if (bi + 1 < nb) {
-      if (bi + 2 < nb) load_w(wa, sa);
+      if (bi + 2 < nb) load_w(wa, sa, true);
       run(wb, sb, bi + 2 == nb);
     }
   }
@@ -436,29 +437,26 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
     };
     // PF (a multiple of 2): lane 0 asks the L2 for the weights (2 KB a batch) and Q4_G64 scales (256 bytes) of
-    // batches 2 .. PF + 1 before the first, then with every second batch loaded or skipped, batch i, for
-    // batches i + PF + 2 and i + PF + 3, while they lie in the slice: PF to PF + 2 batches requested beyond the
-    // two the registers hold. (sm_90: the prefetch takes uniform registers, so each costs ~10 instructions, an
-    // R2UR loop that runs once; two per two batches.)
+    // batches 2 .. PF + 1 before the first, then with each even batch i loaded or skipped for batches i + PF + 2
+    // and i + PF + 3, while they lie in the slice: PF to PF + 2 batches requested beyond the two the registers
+    // hold. (sm_90: the prefetch takes uniform registers, so each costs ~10 instructions, an R2UR loop that runs
+    // once.)
     static_assert(PF == 0 || (kTied && TILES && PF % 2 == 0), "L2 prefetch: the layer kernel's streams only");
-    const uint8_t* const w_end = st.w0 + static_cast<int64_t>(nb) * 2 * st.w_u;
+    const uint8_t* const w_end = st.w0 + static_cast<int64_t>(nb) * 2 * st.w_u;  // (lane 0's: the slice's end)
     auto prefetch = [&](bool on, const uint8_t* w, int n) {
       l2_prefetch_bulk(on, w, static_cast<uint32_t>(n * 2 * st.w_u));
       if (kGrouped) l2_prefetch_bulk(on, scale_at<kTied>(st, w), static_cast<uint32_t>(n * 2 * st.w_u / 8));
     };
-    int pf_batch = 0;  // batches loaded or skipped
-    auto prefetch_ahead = [&] {
+    auto prefetch_ahead = [&] {  // at an even batch, before its loads
       if constexpr (PF > 0) {
-        if ((pf_batch++ & 1) == 0) {  // (warp-uniform)
-          const uint8_t* w = st.w0 + (PF + 2) * 2 * st.w_u;
-          prefetch(lane == 0 && w < w_end, w, imin(2, static_cast<int>((w_end - w) / (2 * st.w_u))));
-        }
+        const uint8_t* w = st.w0 + (PF + 2) * 2 * st.w_u;
+        prefetch(lane == 0 && w < w_end, w, imin(2, static_cast<int>((w_end - w) / (2 * st.w_u))));
       }
     };
     if constexpr (PF > 0) prefetch(lane == 0 && nb > 2, st.w0 + 2 * 2 * st.w_u, imin(PF, nb - 2));
     // The next batch's weights and scales.
-    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {
-      prefetch_ahead();
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2], bool even) {
+      if (even) prefetch_ahead();
       load_i8_batch<kGrouped, kTied>(wv, sv, st);
     };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
@@ -502,8 +500,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     }
     run_batches(
         nb, R.wa, R.wb, R.sa, R.sb, load_w,
-        [&] {
-          prefetch_ahead();
+        [&](bool even) {
+          if (even) prefetch_ahead();
           skip_i8_batch<kGrouped, kTied>(st);
         },
         carry.primed(), wait_inputs,
@@ -586,7 +584,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
+    auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2], bool) {  // the next batch's weights and scales
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
@@ -630,7 +628,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     uint2 wa[U][2], wb[U][2];
     float4 sa[2] = {}, sb[2] = {};
     run_batches(
-        nb, wa, wb, sa, sb, load_w, [] {}, 0, wait_inputs,
+        nb, wa, wb, sa, sb, load_w, [](bool) {}, 0, wait_inputs,
         [&] {
           if (kAheadB) load_b(bc);
         },
