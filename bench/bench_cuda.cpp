@@ -171,6 +171,8 @@ double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<flo
       if (r > 0) ms.push_back(t.at(0));
     }
   }
+  if (reserve && reserve->expired())
+    throw std::runtime_error("--reserve-sms: the SMs were not held during the whole measurement (time ran out)");
   return median(ms);
 }
 
@@ -344,6 +346,10 @@ int main(int argc, char** argv) {
         "device-to-device copy: {:.0f} GB/s (read + write); peak used below ('% of peak'): {:.0f} GB/s "
         "({})\n",
         copy, peak, dp.source);
+    if (reserve_sms >= prop.multiProcessorCount) {
+      fmt::print("bench_cuda: --reserve-sms {}: the device has {} SMs\n", reserve_sms, prop.multiProcessorCount);
+      return 2;
+    }
     CudaBackend b(device);
     std::mt19937 rng(11);
 
@@ -475,7 +481,7 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true},
-          {"tensor cores, exact, L2 prefetch", 0, false, true, true, true, pd, ld, 1, 4, false, true},
+          {"tensor cores, exact, prefetch", 0, false, true, true, true, pd, ld, 1, 4, false, true},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},

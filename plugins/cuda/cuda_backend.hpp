@@ -112,8 +112,8 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // The layer kernel's gate/up warps keep 2 to 4 more load batches (2 KB each) of their weights requested
-  // into the L2 (cp.async.bulk.prefetch.L2, sm_90+; kLayerPrefetch) than the two their registers hold; for the
+  // The layer kernel's warps keep 4 or 5 load batches (2 KB each) of their weights beyond the two their
+  // registers hold requested into the L2 (cp.async.bulk.prefetch.L2, sm_90+; kLayerPrefetch); for the
   // default instances (1 n-tile with B ahead, 2 n-tiles lean), the others ignore it. Same results bit for bit.
   // Off by default: a per-lane form (prefetch.global.L2, run71) was 3 us slower on a full H100, where the layer
   // reads near the card's bandwidth; the H200 (or an H100 standing in for one, bench_cuda --reserve-sms 52) is

@@ -1012,8 +1012,10 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
-    // The emulation counts the L2 prefetches its kernels ask for (and checks each lies in a device allocation):
-    // the prefetching instances must have run where asked for, and no others prefetch.
+    // The emulation counts the L2 prefetches its kernels ask for (and checks each lies in the warp's own batches
+    // and in a device allocation): the prefetching instances must have run where asked for, and no others
+    // prefetch. (Not from the environment this runs in: the modes set it.)
+    ::unsetenv("STRATA_CUDA_LAYER_PREFETCH");
     auto prefetches = [&]() -> int64_t {
       if (rec->name != std::string("cuda_emu")) return -1;
       void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
@@ -1034,7 +1036,21 @@ TEST_CASE(
       CAPTURE(mode);
       const int64_t before = prefetches();
       gpu_case_layer(rec, env);
-      if (before >= 0) CHECK((prefetches() > before) == prefetch);
+      if (before < 0) continue;
+      CHECK((prefetches() > before) == prefetch);
+      // Each prefetching instance on its own: 1 row (1 n-tile, B ahead) and 3 rows (2 n-tiles, lean), with
+      // 3 load batches in a gate/up warp's slice (hidden 1100).
+      if (!prefetch) continue;
+      std::mt19937 rng(77);
+      auto be = make_cuda_with_envs(*rec, env);
+      for (int rows : {1, 3}) {
+        CAPTURE(rows);
+        const Group g(rng, 1100, 96, 4, {rows, rows}, same_format(WeightFormat::Q4_G64, 2));
+        std::vector<ResidentMatrix> keep;
+        const int64_t b0 = prefetches();
+        (void)on_device(*be, g, keep).run(*be);
+        CHECK(prefetches() > b0);
+      }
     }
   }
 }

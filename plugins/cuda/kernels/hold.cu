@@ -19,16 +19,18 @@ __global__ void hold_kernel(uint64_t ns) {
 #endif
 }
 
+#if !defined(STRATA_CUDA_EMULATE)
 // One block per SM: it asks for all the shared memory a block may have, so no other block fits beside it, and
 // spins (sleeping, reading no memory but the flag in device memory) until *stop is set or limit_ns has passed
-// (then sets *expired).
+// (then sets *expired). Its SM goes to smids[blockIdx.x] before the block counts itself in *started.
 __global__ void occupy_kernel(const volatile int* stop, int* started, int* expired, int* smids,
                               uint64_t limit_ns) {
-#if !defined(STRATA_CUDA_EMULATE)
   if (threadIdx.x != 0) return;
   unsigned sm = 0;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  smids[atomicAdd(started, 1)] = static_cast<int>(sm);
+  smids[blockIdx.x] = static_cast<int>(sm);
+  __threadfence();
+  atomicAdd(started, 1);
   uint64_t t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do {
@@ -36,10 +38,8 @@ __global__ void occupy_kernel(const volatile int* stop, int* started, int* expir
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   } while (*stop == 0 && t - t0 < limit_ns);
   if (*stop == 0) *reinterpret_cast<volatile int*>(expired) = 1;
-#else
-  (void)stop, (void)started, (void)expired, (void)smids, (void)limit_ns;
-#endif
 }
+#endif
 
 }  // namespace
 

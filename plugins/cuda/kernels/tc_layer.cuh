@@ -98,8 +98,8 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// PF > 0: the gate/up tiles' warps ask the L2 for their weights ahead (tc_q4_tile's PF; opt-in,
-// Settings::layer_prefetch). The down tiles' warps hold their whole slice (2 batches) in registers anyway.
+// PF > 0: every tile's warps ask the L2 for their weights ahead (tc_q4_tile's PF; opt-in,
+// Settings::layer_prefetch).
 template <int FMT, int NT, bool LEAN = false, int PF = 0>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true, PF>(
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();

@@ -336,8 +336,8 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
 // in kTiles (the layer kernel's; see warp_slice, weight_stream). PF > 0 (exact, TIED, TILES: the layer kernel's
-// opt-in instances): each warp's lane 0 asks the L2 for the weights and scales PF to PF + 2 batches beyond the
-// two its registers hold, so more of the slice is on its way.
+// opt-in instances): each warp's lane 0 keeps PF or PF + 1 batches beyond the two its registers hold requested
+// into the L2 (weights and scales), so more of the slice is on its way.
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
           int PF = 0, class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
@@ -436,24 +436,29 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    // PF (a multiple of 2): lane 0 asks the L2 for the weights (2 KB a batch) and Q4_G64 scales (256 bytes) of
-    // batches 2 .. PF + 1 before the first, then with each even batch i loaded or skipped for batches i + PF + 2
-    // and i + PF + 3, while they lie in the slice: PF to PF + 2 batches requested beyond the two the registers
-    // hold. (sm_90: the prefetch takes uniform registers, so each costs ~10 instructions, an R2UR loop that runs
-    // once.)
+    // PF (even, >= 2): lane 0 asks the L2 for the weights (2 KB a batch) and Q4_G64 scales (256 bytes) of
+    // batches 2 .. PF - 1 before the first batch, then, as each even batch i is loaded (or skipped), for batches
+    // i + PF and i + PF + 1, those in the slice. While batch b runs (the registers hold b and b + 1), PF (b even)
+    // or PF + 1 (b odd) batches beyond them are requested. (sm_90: the prefetch takes uniform registers, so each
+    // costs ~10 instructions, an R2UR loop that runs once.)
     static_assert(PF == 0 || (kTied && TILES && PF % 2 == 0), "L2 prefetch: the layer kernel's streams only");
-    const uint8_t* const w_end = st.w0 + static_cast<int64_t>(nb) * 2 * st.w_u;  // (lane 0's: the slice's end)
-    auto prefetch = [&](bool on, const uint8_t* w, int n) {
+    const uint8_t* const w_first = st.w0;  // (lane 0's: where the warp's first batch starts)
+    auto prefetch = [&](bool on, int b, int n) {  // batches b .. b + n - 1 (all in the slice when on)
+#if defined(STRATA_CUDA_EMULATE)
+      // (batches 0 and 1 are the registers'; past nb is another warp's slice or another matrix)
+      if (on && (b < 2 || n < 1 || b + n > nb)) emu::die("an L2 prefetch outside the warp's own batches");
+#endif
+      const uint8_t* w = w_first + static_cast<int64_t>(on ? b : 0) * 2 * st.w_u;
       l2_prefetch_bulk(on, w, static_cast<uint32_t>(n * 2 * st.w_u));
       if (kGrouped) l2_prefetch_bulk(on, scale_at<kTied>(st, w), static_cast<uint32_t>(n * 2 * st.w_u / 8));
     };
     auto prefetch_ahead = [&] {  // at an even batch, before its loads
       if constexpr (PF > 0) {
-        const uint8_t* w = st.w0 + (PF + 2) * 2 * st.w_u;
-        prefetch(lane == 0 && w < w_end, w, imin(2, static_cast<int>((w_end - w) / (2 * st.w_u))));
+        const int i = static_cast<int>((st.w0 - w_first) / (2 * st.w_u));  // (the batch about to be loaded)
+        prefetch(lane == 0 && i + PF < nb, i + PF, imin(2, nb - i - PF));
       }
     };
-    if constexpr (PF > 0) prefetch(lane == 0 && nb > 2, st.w0 + 2 * 2 * st.w_u, imin(PF, nb - 2));
+    if constexpr (PF > 2) prefetch(lane == 0 && nb > 2, 2, imin(PF, nb) - 2);
     // The next batch's weights and scales.
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2], bool even) {
       if (even) prefetch_ahead();

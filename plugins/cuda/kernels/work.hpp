@@ -183,10 +183,10 @@ cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items
                                  const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
-// prefetch: its gate/up warps keep kLayerPrefetch to kLayerPrefetch + 2 load batches (2 KB each) requested
-// into the L2 beyond the two their registers hold (instances for 1 n-tile with B ahead and 2 n-tiles lean, the
-// default modes; ignored by the others).
-constexpr int kLayerPrefetch = 2;
+// prefetch: its warps keep kLayerPrefetch or kLayerPrefetch + 1 load batches (2 KB each) beyond the two their
+// registers hold requested into the L2 (instances for 1 n-tile with B ahead and 2 n-tiles lean, the default
+// modes; ignored by the others).
+constexpr int kLayerPrefetch = 4;
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, bool prefetch, const LayerWork& lw, const Queue& on);
 cudaError_t launch_layer_q4row_tc(int nt, bool lean, bool prefetch, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
