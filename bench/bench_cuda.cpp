@@ -351,6 +351,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     CudaBackend b(device);
+    // (the persistent layer kernel's grid for the SMs left free, as on a device of that many SMs)
+    if (reserve_sms > 0) b.settings().layer_sms = prop.multiProcessorCount - reserve_sms;
     std::mt19937 rng(11);
 
     // ---- 2. GLM-5.2 layer at decode ----

@@ -119,6 +119,9 @@ struct Settings {
   // reads near the card's bandwidth; the H200 (or an H100 standing in for one, bench_cuda --reserve-sms 52) is
   // bound by its SMs' work instead, which is what this is for. Not measured yet. STRATA_CUDA_LAYER_PREFETCH=1.
   bool layer_prefetch = false;
+  // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
+  // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
+  int layer_sms = 0;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

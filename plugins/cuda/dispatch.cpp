@@ -501,6 +501,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PREFETCH"))
     settings_.layer_prefetch = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_SMS")) settings_.layer_sms = std::max(0, std::atoi(v));
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1223,6 +1224,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(p.layer && settings_.layer_prefetch);
+  put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1319,6 +1321,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
+    lw.max_sms = settings_.layer_sms;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

@@ -1009,6 +1009,9 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}},
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
+                         // emulation's grid is 3 blocks anyway)
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};

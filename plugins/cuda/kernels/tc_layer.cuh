@@ -174,32 +174,36 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
   }
 }
 
-// Blocks of the persistent layer kernel: as many as the device holds at once (at most one per tile).
+// Blocks of the persistent layer kernel: as many as the device holds at once (at most one per tile), or as its
+// first max_sms SMs hold (max_sms > 0: bench_cuda --reserve-sms, whose other SMs are held by waiting blocks).
 template <auto kernel>
-int layer_blocks(int tiles) {
+int layer_blocks(int tiles, int max_sms) {
 #if defined(STRATA_CUDA_EMULATE)
+  (void)max_sms;
   return tiles < 3 ? tiles : 3;  // (3 blocks there, taking turns at each __syncthreads: interleaved tickets)
 #else
-  // Resident blocks of this instance on the current device (one kind of device per process; a query per
-  // instance, as their registers differ); 0 when the query fails.
-  static const int per_device = [] {
+  // Resident blocks of this instance per SM, and the SMs, on the current device (one kind of device per
+  // process; a query per instance, as their registers differ); 0 when the query fails.
+  static const int2 per_device = [] {
     int dev = 0, sms = 0, per_sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcWarps * 32, 0) != cudaSuccess) {
       (void)cudaGetLastError();
-      return 0;
+      return make_int2(0, 0);
     }
-    return sms * per_sm;
+    return make_int2(sms, per_sm);
   }();
-  return per_device > 0 && per_device < tiles ? per_device : tiles;
+  const int sms = max_sms > 0 && max_sms < per_device.x ? max_sms : per_device.x;
+  const int blocks = sms * per_device.y;
+  return blocks > 0 && blocks < tiles ? blocks : tiles;
 #endif
 }
 
 template <auto kernel>
 cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
-  const int blocks = lw.persistent ? layer_blocks<kernel>(tiles) : tiles;
+  const int blocks = lw.persistent ? layer_blocks<kernel>(tiles, lw.max_sms) : tiles;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 

@@ -105,6 +105,7 @@ struct LayerWork {
                            // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
+  int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
