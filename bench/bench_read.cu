@@ -15,7 +15,8 @@
 // Every configuration reads one set (100.7 MB, like a decode layer) and then all 4 sets in one launch: the
 // difference of the two times is the steady rate without the launch's ramp and last-wave tail.
 // --reserve-sms N: the reads on the SMs but N (sm_reserve.hpp: an H100 with 40 held has an H200's bandwidth per
-// SM); --only PATTERN: the configurations whose name starts with it.
+// SM; 52 held matched the H200's figures for the decode layer); --only PATTERN: the configurations whose name
+// starts with it.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>

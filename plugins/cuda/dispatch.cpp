@@ -438,6 +438,18 @@ std::string cuda_unavailable_reason() {
 
 // ---- backend ---------------------------------------------------------------------------------------------
 
+namespace {
+// An integer setting from the environment: the number `name` is set to when it is a whole number in
+// [lo, hi], `bad` when it is set to anything else, `unset` when it is not set.
+int env_int(const char* name, long lo, long hi, int bad, int unset) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return unset;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return end != v && *end == '\0' && n >= lo && n <= hi ? static_cast<int>(n) : bad;
+}
+}  // namespace
+
 CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* t = std::getenv("STRATA_CUDA_TRACE"); t != nullptr && *t != '\0' && std::string(t) != "0") {
     trace_on_ = true;
@@ -461,23 +473,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   sm_major_ = major;
   STRATA_CK(cudaSetDevice(device), "cudaSetDevice");
   STRATA_CK(cudaFree(nullptr), "context creation");
-  if (const char* v = std::getenv("STRATA_CUDA_W4A16_MIN_ROWS")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    settings_.w4a16_min_rows =
-        (end != v && *end == '\0' && n > 0 && n < (1L << 30)) ? static_cast<int>(n) : 0;
-  }
-  if (const char* v = std::getenv("STRATA_CUDA_GEMV_MAX_ROWS")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    settings_.gemv_max_rows =
-        (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : -1;
-  }
-  if (const char* v = std::getenv("STRATA_CUDA_WIDE_MIN_ROWS")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    settings_.wide_min_rows = (end != v && *end == '\0' && n >= 0 && n < (1L << 30)) ? static_cast<int>(n) : 9;
-  }
+  constexpr long kRowsMax = (1L << 30) - 1;
+  settings_.w4a16_min_rows = env_int("STRATA_CUDA_W4A16_MIN_ROWS", 1, kRowsMax, 0, settings_.w4a16_min_rows);
+  settings_.gemv_max_rows = env_int("STRATA_CUDA_GEMV_MAX_ROWS", 0, kRowsMax, -1, settings_.gemv_max_rows);
+  settings_.wide_min_rows = env_int("STRATA_CUDA_WIDE_MIN_ROWS", 0, kRowsMax, 9, settings_.wide_min_rows);
   // The wide kernels ask for more than the default 48 KB of shared memory per block (69 KiB): a device that
   // allows less keeps every chunk on the narrow kernels (the same bits). (Every sm_80+ card allows 99 KB.)
   int smem_optin = 0;
@@ -501,15 +500,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_PREFETCH"))
     settings_.layer_prefetch = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_SMS")) settings_.layer_sms = std::max(0, std::atoi(v));
+  settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
-  if (const char* v = std::getenv("STRATA_CUDA_SPIN_US")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (end != v && *end == '\0' && n >= 0 && n <= 10'000'000) settings_.spin_us = static_cast<int>(n);
-  }
+  settings_.spin_us = env_int("STRATA_CUDA_SPIN_US", 0, 10'000'000, settings_.spin_us, settings_.spin_us);
   if (const char* v = std::getenv("STRATA_CUDA_LAYOUT")) settings_.tiles = std::strcmp(v, "rows") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_FAIL_NEXT")) {
     if (std::strcmp(v, "oom") == 0) fail_next_ = STRATA_ERR_OUT_OF_MEMORY;
