@@ -458,14 +458,14 @@ int main(int argc, char** argv) {
         int lean;  // Settings::layer_lean: -1 auto (lean at 2 n-tiles), 0 never, 1 always
         int min_rows, max_rows;
         bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
-        bool prefetch = false;  // Settings::layer_prefetch
+        int prefetch = 0;       // Settings::layer_prefetch (0: the default's)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
       // the default, A/B in every run; "lean": its instances with one block more per SM
       // (STRATA_CUDA_LAYER_LEAN), also A/B.
       const int persistent_default = b.settings().layer_persistent;
       const int lean_default = b.settings().layer_lean;
-      const bool prefetch_default = b.settings().layer_prefetch;
+      const int prefetch_default = b.settings().layer_prefetch;
       // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
       const bool pdl_default = b.settings().pdl;
       const int pd = persistent_default;
@@ -483,7 +483,10 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true},
-          {"tensor cores, exact, prefetch", 0, false, true, true, true, pd, ld, 1, 4, false, true},
+          {"tensor cores, exact, L2 ahead", 0, false, true, true, true, pd, ld, 1, 4, false,
+           strata_cuda::kLayerPrefetchAhead},
+          {"tensor cores, exact, L2 start", 0, false, true, true, true, pd, ld, 1, 4, false,
+           strata_cuda::kLayerPrefetchStart},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -500,7 +503,8 @@ int main(int argc, char** argv) {
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
         b.settings().layer_lean = v.lean;
-        b.settings().layer_prefetch = v.prefetch || prefetch_default;
+        if (v.prefetch != 0 && v.prefetch == prefetch_default) continue;  // (the same as the default row)
+        b.settings().layer_prefetch = v.prefetch != 0 ? v.prefetch : prefetch_default;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows < v.min_rows || rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
             continue;  // A/B rows: full runs only

@@ -112,13 +112,15 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // The layer kernel's warps keep 4 or 5 load batches (2 KB each) of their weights beyond the two their
-  // registers hold requested into the L2 (cp.async.bulk.prefetch.L2, sm_90+; kLayerPrefetch); for the
-  // default instances (1 n-tile with B ahead, 2 n-tiles lean), the others ignore it. Same results bit for bit.
-  // Off by default: a per-lane form (prefetch.global.L2, run71) was 3 us slower on a full H100, where the layer
-  // reads near the card's bandwidth; the H200 (or an H100 standing in for one, bench_cuda --reserve-sms 52) is
-  // bound by its SMs' work instead, which is what this is for. Not measured yet. STRATA_CUDA_LAYER_PREFETCH=1.
-  bool layer_prefetch = false;
+  // The layer kernel's L2 prefetch (cp.async.bulk.prefetch.L2, sm_90+), for the default instances (1 n-tile
+  // with B ahead, 2 n-tiles lean; the others ignore it); same results bit for bit. kLayerPrefetchAhead (1): the
+  // warps keep 4 or 5 load batches (2 KB each) of their weights beyond the two their registers hold requested;
+  // kLayerPrefetchStart (2): 6 of them once, as each tile starts, before it waits for its inputs (the first
+  // wave waits ~3 us for the preparation launch at 1 row, run57). Off by default: L2 prefetch has been slower
+  // in every form measured so far (bulk, 2-16 batches ahead, on the H200: run36, also for pure reads; per lane
+  // on a full H100: run71); these two forms are not measured yet (bench_cuda --layer: rows "prefetch ahead" and
+  // "prefetch at start", with --reserve-sms 52 standing in for the H200). STRATA_CUDA_LAYER_PREFETCH=0|1|2.
+  int layer_prefetch = 0;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;

@@ -198,11 +198,12 @@ STRATA_PLUGIN_EXPORT const strata_plugin_vtable* strata_plugin_init(void) {
 }
 
 // 0 with the reason when no driver, no device or none of sm_80+ (STRATA_CUDA_PROBE=off forces that answer,
-// for tests). Otherwise 50: above cpu_generic, below cpu_avx512 and cpu_avx2. Until the core keeps weights
-// resident on the device (expert tiers), every call through this plugin copies its host weights over PCIe,
-// which is slower than an AVX-512 CPU reading them from RAM; so `auto` prefers it only over the portable
-// plugin, and a config that wants the GPU names it (backends.experts: [cuda]). Raise above 100 once weights
-// are uploaded by the core.
+// for tests). Otherwise 50: above cpu_generic, below cpu_avx512 and cpu_avx2. The score ranks plugins for
+// `auto`: the dense backend is the highest-scoring one, and the core uploads no dense weights, so every dense
+// matmul through this plugin would copy its host weights over PCIe, slower than an AVX-512 CPU reading them
+// from RAM. Expert backends under `auto` are every exact-mode plugin that runs, in score order, and the core's
+// expert store makes the first one with device memory its VRAM tier whatever its rank; so with no config a
+// GPU host still computes the experts it places in VRAM here (docs/tiers.md).
 STRATA_PLUGIN_EXPORT uint32_t strata_plugin_score(void) {
   const char* force = std::getenv("STRATA_CUDA_PROBE");
   if (force != nullptr && std::strcmp(force, "off") == 0) {

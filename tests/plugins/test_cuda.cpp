@@ -1014,7 +1014,12 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
-                         {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "2"}},
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         // (not a form: off, as unset)
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "3"}}};
     // The emulation counts the L2 prefetches its kernels ask for (and checks each lies in the warp's own batches
     // and in a device allocation): the prefetching instances must have run where asked for, and no others
     // prefetch. (Not from the environment this runs in: the modes set it.)
@@ -1034,7 +1039,7 @@ TEST_CASE(
       bool prefetch = false;
       for (const auto& [var, value] : env) {
         mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
-        prefetch = prefetch || std::string(var) == "STRATA_CUDA_LAYER_PREFETCH";
+        prefetch = prefetch || (std::string(var) == "STRATA_CUDA_LAYER_PREFETCH" && std::string(value) != "3");
       }
       CAPTURE(mode);
       const int64_t before = prefetches();

@@ -335,9 +335,9 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
-// in kTiles (the layer kernel's; see warp_slice, weight_stream). PF > 0 (exact, TIED, TILES: the layer kernel's
-// opt-in instances): each warp's lane 0 keeps PF or PF + 1 batches beyond the two its registers hold requested
-// into the L2 (weights and scales), so more of the slice is on its way.
+// in kTiles (the layer kernel's; see warp_slice, weight_stream). PF != 0 (exact, TIED, TILES: the layer kernel's
+// opt-in instances): each warp's lane 0 requests batches of its slice into the L2 beyond the two its registers
+// hold: PF > 0 keeps PF or PF + 1 requested all along, PF < 0 asks for -PF of them once, before the first batch.
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
           int PF = 0, class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
@@ -436,29 +436,51 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    // PF (even, >= 2): lane 0 asks the L2 for the weights (2 KB a batch) and Q4_G64 scales (256 bytes) of
-    // batches 2 .. PF - 1 before the first batch, then, as each even batch i is loaded (or skipped), for batches
-    // i + PF and i + PF + 1, those in the slice. While batch b runs (the registers hold b and b + 1), PF (b even)
-    // or PF + 1 (b odd) batches beyond them are requested. (sm_90: the prefetch takes uniform registers, so each
-    // costs ~10 instructions, an R2UR loop that runs once.)
-    static_assert(PF == 0 || (kTied && TILES && PF % 2 == 0), "L2 prefetch: the layer kernel's streams only");
-    const uint8_t* const w_first = st.w0;  // (lane 0's: where the warp's first batch starts)
-    auto prefetch = [&](bool on, int b, int n) {  // batches b .. b + n - 1 (all in the slice when on)
+    // PF (the layer kernel's opt-in L2 prefetch; lane 0 of each warp, cp.async.bulk.prefetch.L2):
+    //  - PF > 0, even ("ahead"): before the first batch, the weights (2 KB a batch) of batches 2 .. PF - 1 and
+    //    the Q4_G64 scales (256 bytes a batch) of batches 2 .. nb - 1 (at most 2.5 KB); then, as each even
+    //    batch i is loaded (or skipped), the weights of batches i + PF and i + PF + 1, those in the slice. While
+    //    batch b runs (the registers hold b and b + 1), PF (b even) or PF + 1 (b odd) batches beyond them are
+    //    requested. One prefetch per two batches from a running pointer and count: sm_90 takes its operands in
+    //    uniform registers, so each costs ~10 instructions (an R2UR loop that runs once); the first form (a
+    //    weight and a scale prefetch per two batches, at an index computed from the stream's pointer) added
+    //    55-63 instructions per 4 KB of weights to the main loop, this one 22-31.
+    //  - PF < 0 ("start"): before the first batch only, the weights of batches 2 .. 1 - PF and the scales of
+    //    2 .. nb - 1; nothing in the loop. Requested before the wait for the inputs, so the first wave's HBM
+    //    works while the tiles wait for the preparation launch (run57: ~3 us at 1 row, with only the two
+    //    register batches of each warp requested).
+    static_assert(PF == 0 || (kTied && TILES && (PF < 0 || PF % 2 == 0)),
+                  "L2 prefetch: the layer kernel's streams only");
+    constexpr int kPfStart = PF > 0 ? PF - 2 : -PF;  // weight batches from batch 2 requested before the first
+    constexpr int kPfAhead = PF > 0 ? PF : 0;
+    const uint8_t* pf_w = st.w0 + kPfAhead * 2 * st.w_u;  // (PF > 0, lane 0's: the next batch to prefetch)
+    int pf_left = nb - kPfAhead;                          // batches from pf_w to the slice's end
+#if defined(STRATA_CUDA_EMULATE)
+    const uint8_t* const w_first = st.w0;
+#endif
+    auto prefetch_w = [&](bool on, const uint8_t* w, int n) {  // the weights of n batches from w
 #if defined(STRATA_CUDA_EMULATE)
       // (batches 0 and 1 are the registers'; past nb is another warp's slice or another matrix)
+      const int64_t b = (w - w_first) / (2 * st.w_u);
       if (on && (b < 2 || n < 1 || b + n > nb)) emu::die("an L2 prefetch outside the warp's own batches");
 #endif
-      const uint8_t* w = w_first + static_cast<int64_t>(on ? b : 0) * 2 * st.w_u;
       l2_prefetch_bulk(on, w, static_cast<uint32_t>(n * 2 * st.w_u));
-      if (kGrouped) l2_prefetch_bulk(on, scale_at<kTied>(st, w), static_cast<uint32_t>(n * 2 * st.w_u / 8));
     };
+    if constexpr (PF != 0) {
+      const uint8_t* w2 = st.w0 + 2 * 2 * st.w_u;
+      if constexpr (kPfStart > 0) prefetch_w(lane == 0 && nb > 2, w2, imin(kPfStart, nb - 2));
+      if (kGrouped) {
+        l2_prefetch_bulk(lane == 0 && nb > 2, scale_at<kTied>(st, w2),
+                         static_cast<uint32_t>((nb - 2) * 2 * st.w_u / 8));
+      }
+    }
     auto prefetch_ahead = [&] {  // at an even batch, before its loads
       if constexpr (PF > 0) {
-        const int i = static_cast<int>((st.w0 - w_first) / (2 * st.w_u));  // (the batch about to be loaded)
-        prefetch(lane == 0 && i + PF < nb, i + PF, imin(2, nb - i - PF));
+        prefetch_w(lane == 0 && pf_left > 0, pf_w, imin(2, pf_left));
+        pf_w += 2 * 2 * st.w_u;
+        pf_left -= 2;
       }
     };
-    if constexpr (PF > 2) prefetch(lane == 0 && nb > 2, 2, imin(PF, nb) - 2);
     // The next batch's weights and scales.
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2], bool even) {
       if (even) prefetch_ahead();
