@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "cuda_backend.hpp"
+#include "host_operand.hpp"
 #include "kernels/work.hpp"  // launch_hold
 #include "sm_reserve.hpp"
 
@@ -285,6 +286,41 @@ double copy_bandwidth_gbs(int device, size_t bytes) {
 
 }  // namespace
 
+// --host-operand: the host's time to encode the token table of n rows of x (Settings::host_operand; every
+// row used), against the memcpy of the same rows as f32 that staging does otherwise, into a buffer of the
+// pinned head's size. Medians of `reps`; no device involved.
+int bench_host_operand(int reps) {
+  fmt::print("host operand: the token table (4 int8 digit planes + multipliers per row) encoded on the host, "
+             "against the f32 copy of x it replaces; medians of {}\n",
+             reps);
+  fmt::print("{:>7} {:>5} {:>12} {:>10} {:>12} {:>10}\n", "hidden", "rows", "encode us", "ns/value",
+             "copy x us", "table KB");
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int64_t hidden : {6144, 7168}) {
+    for (const int64_t n : {1, 4, 16, 64}) {
+      std::vector<float> x(static_cast<size_t>(n * hidden));
+      for (auto& v : x) v = nd(rng);
+      const int64_t kp = (hidden + 63) / 64 * 64;
+      std::vector<uint8_t> tab(strata_cuda::token_table_bytes(n, kp)), copy(x.size() * 4);
+      std::vector<double> enc, cp;
+      for (int r = 0; r < reps; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        strata_cuda::encode_token_table(x.data(), n, hidden, hidden, kp, nullptr, tab.data());
+        auto t1 = std::chrono::steady_clock::now();
+        std::memcpy(copy.data(), x.data(), copy.size());
+        auto t2 = std::chrono::steady_clock::now();
+        enc.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        cp.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      }
+      const double e = median(enc);
+      fmt::print("{:>7} {:>5} {:>12.2f} {:>10.2f} {:>12.2f} {:>10.1f}\n", hidden, n, e,
+                 e * 1e3 / static_cast<double>(n * hidden), median(cp), static_cast<double>(tab.size()) / 1024.0);
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   CLI::App app{"bench_cuda: the cuda plugin's expert kernels, kernel time by device events (medians)"};
   int device = 0, rounds = 5;
@@ -309,6 +345,10 @@ int main(int argc, char** argv) {
       "--timeline", timeline,
       "only the GLM-5.2 layer at 1-4 rows with the layer kernel's tile timeline (where a launch's time "
       "goes)");
+  bool host_operand = false;
+  app.add_flag("--host-operand", host_operand,
+               "only the host's encoding of a token table (STRATA_CUDA_HOST_OPERAND) against the copy of x it "
+               "replaces, per row of x; no GPU needed");
   int layer_experts = 8;
   int reserve_sms = 0;
   app.add_option("--reserve-sms", reserve_sms,
@@ -327,6 +367,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (reserve_sms > 0) strata_bench::SmReserve::eager_modules();
+  if (host_operand) return bench_host_operand(smoke ? 3 : 201);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
   if (!why.empty()) {
@@ -459,6 +500,7 @@ int main(int argc, char** argv) {
         int min_rows, max_rows;
         bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
         int prefetch = 0;       // Settings::layer_prefetch (0: the default's)
+        bool host_operand = false;  // Settings::host_operand (or the default's)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
       // the default, A/B in every run; "lean": its instances with one block more per SM
@@ -466,6 +508,7 @@ int main(int argc, char** argv) {
       const int persistent_default = b.settings().layer_persistent;
       const int lean_default = b.settings().layer_lean;
       const int prefetch_default = b.settings().layer_prefetch;
+      const bool host_operand_default = b.settings().host_operand;
       // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
       const bool pdl_default = b.settings().pdl;
       const int pd = persistent_default;
@@ -487,6 +530,7 @@ int main(int argc, char** argv) {
            strata_cuda::kLayerPrefetchAhead},
           {"tensor cores, exact, L2 start", 0, false, true, true, true, pd, ld, 1, 4, false,
            strata_cuda::kLayerPrefetchStart},
+          {"tensor cores, exact, host op", 0, false, true, true, true, pd, ld, 1, 2, false, 0, true},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -505,9 +549,12 @@ int main(int argc, char** argv) {
         b.settings().layer_lean = v.lean;
         if (v.prefetch != 0 && v.prefetch == prefetch_default) continue;  // (the same as the default row)
         b.settings().layer_prefetch = v.prefetch != 0 ? v.prefetch : prefetch_default;
+        if (v.host_operand && host_operand_default) continue;  // (the same as the default row)
+        b.settings().host_operand = v.host_operand || host_operand_default;
         for (int rows : {1, 2, 3, 4, 8}) {
-          if (rows < v.min_rows || rows > v.max_rows || (quick && (v.simt || v.max_rows == 2)))
-            continue;  // A/B rows: full runs only
+          if (rows < v.min_rows || rows > v.max_rows ||
+              (quick && (v.simt || (v.max_rows == 2 && !v.host_operand))))
+            continue;  // A/B rows: full runs only (the host operand's, which applies to 1-2 rows, in both)
           // (own tokens: expert e of a layer reads tokens e * rows .. e * rows + rows - 1 of x)
           const int x_rows = v.distinct ? rows * layer_experts : rows;
           std::vector<float> x(static_cast<size_t>(x_rows * H));
@@ -537,6 +584,7 @@ int main(int argc, char** argv) {
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;
       b.settings().layer_prefetch = prefetch_default;
+      b.settings().host_operand = host_operand_default;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

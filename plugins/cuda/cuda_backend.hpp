@@ -121,6 +121,12 @@ struct Settings {
   // on a full H100: run71); these two forms are not measured yet (bench_cuda --layer: rows "prefetch ahead" and
   // "prefetch at start", with --reserve-sms 52 standing in for the H200). STRATA_CUDA_LAYER_PREFETCH=0|1|2.
   int layer_prefetch = 0;
+  // The layer kernel's gate/up operands (1 n-tile: 1-2 rows per expert) as a token table encoded on the host
+  // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
+  // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,
+  // so the same bits. Only for calls of at most kHostOperandMaxRows rows of x (dispatch.cpp; the host's
+  // encoding grows with them). Not measured yet on a GPU (bench_cuda --layer: row "host operand"). STRATA_CUDA_HOST_OPERAND=1.
+  bool host_operand = false;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "cuda_backend.hpp"
+#include "host_operand.hpp"
 
 namespace strata_cuda {
 
@@ -47,6 +48,9 @@ constexpr uint64_t kResidentMagic = 0x3144495345525453ull;  // "STRESID1"
 constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
 constexpr uint64_t kAlign = 256;
 constexpr int64_t kMaxDim = int64_t{1} << 30;  // rows and cols (kernels index with int32)
+// Settings::host_operand: calls with at most this many rows of x (the rows the group uses are encoded on the
+// host while it stages the call).
+constexpr int64_t kHostOperandMaxRows = 64;
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
 uint64_t align_up(uint64_t v) {
@@ -224,6 +228,8 @@ struct LaunchSpec {
 struct ItemSpec {
   MatRef w0, w1;
   uint64_t in_off;
+  uint64_t in_rows_off = kNone;  // a token table's (WorkItem::in_rows), or kNone
+  int in_zero = 0;
   int in_splits, n_tok;
   uint64_t y_off = kNone;
   float* y_ptr = nullptr;  // instead of y_off: rows in registered host memory (their device address)
@@ -294,6 +300,12 @@ struct Chunk {
 struct Plan {
   const float* x = nullptr;
   uint64_t x_bytes = 0, x_off = 0;
+  // Settings::host_operand, where it applies (the layer kernel at 1 n-tile): the region at x_off holds the
+  // token table of x's rows (x_rows of x_cols, padded to tab_kp; those in x_used) instead of x, and the first
+  // preparation launch is left out.
+  bool host_operand = false;
+  int64_t x_rows = 0, x_cols = 0, tab_kp = 0;
+  std::vector<uint8_t> x_used;
   std::vector<int32_t> rows;
   uint64_t rows_off = 0;
   std::vector<ItemSpec> items;
@@ -363,6 +375,7 @@ void reset(Plan& p) {
     to.swap(from);
   };
   keep(p.rows, fresh.rows);
+  keep(p.x_used, fresh.x_used);
   keep(p.items, fresh.items);
   keep(p.jobs, fresh.jobs);
   keep(p.uploads, fresh.uploads);
@@ -501,6 +514,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   settings_.layer_prefetch = env_int("STRATA_CUDA_LAYER_PREFETCH", kLayerPrefetchOff, kLayerPrefetchStart,
                                      kLayerPrefetchOff, settings_.layer_prefetch);
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
+  if (const char* v = std::getenv("STRATA_CUDA_HOST_OPERAND")) settings_.host_operand = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -869,12 +883,17 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   for (const Chunk& c : chunks) widest = std::max<int64_t>(widest, c.gate.dm.rows);
   p.sync_bytes = (1 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
   p.sync_off = lay.take(p.sync_bytes);
-  p.x_off = lay.take(p.x_bytes);
+  // Settings::host_operand: room for the token table, used if the call runs on the layer kernel at 1 n-tile
+  // (decided below; else x goes there as it is).
+  const int64_t hp = padded_cols(hidden);
+  const bool want_table = settings_.host_operand && settings_.layer_kernel && n_x_rows <= kHostOperandMaxRows &&
+                          gu_nt.v.size() == 1 && gu_nt.v[0].first.tc && gu_nt.v[0].first.splits == kI8Splits &&
+                          !gu_nt.v[0].first.wide && gu_nt.v[0].second == 1;
+  p.x_off = lay.take(want_table ? std::max(p.x_bytes, token_table_bytes(n_x_rows, hp)) : p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.head_bytes = lay.cursor;
 
   // Per chunk: its operands and h (Chunk::in_off ..).
-  const int64_t hp = padded_cols(hidden);
   int64_t max_prep = 0;
   for (Chunk& c : chunks) {
     const int64_t fp = padded_cols(c.gate.dm.rows);
@@ -997,7 +1016,8 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.x_ld = fp;
     j.row0 = 0;
     j.n_tok = c.n;
-    j.cols = static_cast<int>(fp);
+    j.cols = c.gate.dm.rows;  // (h's padding columns encode as zeros without being read: nothing clears them
+                              // where the preparation launch is left out, Plan::host_operand)
     j.kp = static_cast<int>(fp);
     j.splits = kI8Splits;
     j.ncols = 8 * c.dn_nt;
@@ -1014,6 +1034,21 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
+  }
+  // The gate/up items read the token table (one class: items in chunk order, as their preparation jobs).
+  if (want_table && p.layer && p.launches[0].nt == 1 && p.n_jobs_first == static_cast<size_t>(p.launches[0].n_items)) {
+    p.host_operand = true;
+    p.x_rows = n_x_rows;
+    p.x_cols = hidden;
+    p.tab_kp = hp;
+    p.x_used.assign(static_cast<size_t>(n_x_rows), 0);
+    for (const int32_t r : p.rows) p.x_used[static_cast<size_t>(r)] = 1;
+    for (size_t i = 0; i < p.n_jobs_first; ++i) {
+      ItemSpec& it = p.items[p.launches[0].first_item + i];
+      it.in_off = p.x_off;
+      it.in_rows_off = p.jobs[i].rows_off;
+      it.in_zero = static_cast<int>(n_x_rows);
+    }
   }
 }
 
@@ -1136,7 +1171,12 @@ void CudaBackend::copy_head(Slot& s, const Plan& p) {
 void CudaBackend::stage(Slot& s, const Plan& p) {
   char* base = s.dev;
   // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
-  if (p.x_bytes > 0) std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
+  if (p.host_operand) {
+    encode_token_table(p.x, p.x_rows, p.x_cols, p.x_cols, p.tab_kp, p.x_used.data(),
+                       reinterpret_cast<uint8_t*>(s.in + p.x_off));
+  } else if (p.x_bytes > 0) {
+    std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
+  }
   if (!p.rows.empty()) std::memcpy(s.in + p.rows_off, p.rows.data(), p.rows.size() * sizeof(int32_t));
   WorkItem* items = reinterpret_cast<WorkItem*>(s.in + p.items_off);
   for (size_t i = 0; i < p.items.size(); ++i) {
@@ -1145,6 +1185,8 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
     w.w0 = patch(is.w0, p.uploads, base);
     w.w1 = patch(is.w1, p.uploads, base);
     w.in = base + is.in_off;
+    w.in_rows = is.in_rows_off != kNone ? reinterpret_cast<const int32_t*>(base + is.in_rows_off) : nullptr;
+    w.in_zero = is.in_zero;
     w.y = is.y_ptr != nullptr ? is.y_ptr
           : is.y_off != kNone ? reinterpret_cast<float*>(base + is.y_off)
                               : nullptr;
@@ -1219,6 +1261,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_prefetch : 0));
+  put(p.host_operand);  // (no first preparation launch)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
   put(p.sync_bytes);
@@ -1305,7 +1348,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
           "launch of prep_operands");
     }
   };
-  prep(0, p.n_jobs_first);
+  if (!p.host_operand) prep(0, p.n_jobs_first);
   if (p.layer) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
     LayerWork lw{};

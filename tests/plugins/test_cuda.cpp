@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "strata/error.hpp"
@@ -1019,33 +1020,44 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_PREFETCH", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
                          {{"STRATA_CUDA_LAYER_PREFETCH", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (not a form: off, as unset)
-                         {{"STRATA_CUDA_LAYER_PREFETCH", "3"}}};
+                         {{"STRATA_CUDA_LAYER_PREFETCH", "3"}},
+                         // the gate/up operands as a token table encoded on the host (1 n-tile)
+                         {{"STRATA_CUDA_HOST_OPERAND", "1"}},
+                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
+                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PREFETCH", "2"}}};
     // The emulation counts the L2 prefetches its kernels ask for (and checks each lies in the warp's own batches
     // and in a device allocation): the prefetching instances must have run where asked for, and no others
     // prefetch. (Not from the environment this runs in: the modes set it.)
+    // The same for the tiles that read a host-encoded token table (STRATA_CUDA_HOST_OPERAND).
     ::unsetenv("STRATA_CUDA_LAYER_PREFETCH");
-    auto prefetches = [&]() -> int64_t {
+    ::unsetenv("STRATA_CUDA_HOST_OPERAND");
+    auto emu_count = [&](const char* name) -> int64_t {
       if (rec->name != std::string("cuda_emu")) return -1;
       void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
       REQUIRE(h != nullptr);
-      void* sym = dlsym(h, "strata_cuda_emu_prefetch_count");
+      void* sym = dlsym(h, name);
       dlclose(h);
       REQUIRE(sym != nullptr);
       auto* count = reinterpret_cast<uint64_t (*)()>(sym);
       return static_cast<int64_t>(count());
     };
+    auto prefetches = [&] { return emu_count("strata_cuda_emu_prefetch_count"); };
+    auto table_tiles = [&] { return emu_count("strata_cuda_emu_table_tiles"); };
     for (const Env& env : modes) {
       std::string mode;
-      bool prefetch = false;
+      bool prefetch = false, table = false;
       for (const auto& [var, value] : env) {
         mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
         prefetch = prefetch || (std::string(var) == "STRATA_CUDA_LAYER_PREFETCH" && std::string(value) != "3");
+        table = table || std::string(var) == "STRATA_CUDA_HOST_OPERAND";
       }
       CAPTURE(mode);
-      const int64_t before = prefetches();
+      const int64_t before = prefetches(), tables_before = table_tiles();
       gpu_case_layer(rec, env);
       if (before < 0) continue;
       CHECK((prefetches() > before) == prefetch);
+      CHECK((table_tiles() > tables_before) == table);
       // Each prefetching instance on its own: 1 row (1 n-tile, B ahead) and 3 rows (2 n-tiles, lean), with
       // 3 load batches in a gate/up warp's slice (hidden 1100).
       if (!prefetch) continue;
@@ -1060,6 +1072,87 @@ TEST_CASE(
         CHECK(prefetches() > b0);
       }
     }
+  }
+}
+
+// The gate/up operands as a token table encoded by the host (STRATA_CUDA_HOST_OPERAND=1, host_operand.cpp)
+// against the preparation kernel's encoding: the same bytes for the values where the encoding has edges (ties
+// of the rounding, x 2^(30 - e) = k + 1/2 with k even and odd; a group whose largest value is subnormal, where
+// the scaling takes two products; subnormals beside normal values; values near FLT_MAX; zeros and negative
+// zeros; an infinity, a NaN; a partial last group), compared digit by digit on the emulation (the device
+// encoder is the same kernel source there); and end to end on every backend, the layer kernel reading the table
+// gives the bits of the separate launches for rows of such values (those whose outputs stay finite).
+TEST_CASE("cuda host-encoded operands: the device encoding's bytes, also at ties, subnormals and huge values") {
+  const int64_t cols = 450;  // 8 groups of 64, the last one partial
+  const float tiny = std::ldexp(1.0f, -140), sub = std::numeric_limits<float>::denorm_min();
+  const float big = std::numeric_limits<float>::max();
+  std::mt19937 rng(99);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<std::vector<float>> rows(8, std::vector<float>(static_cast<size_t>(cols)));
+  for (auto& r : rows)
+    for (auto& v : r) v = nd(rng);
+  // row 0: ties in group 0 (largest 0.75: e = 0, x 2^30 = k + 1/2), in group 1 negative ones (largest 3: e = 2)
+  for (int i = 0; i < 63; ++i) rows[0][static_cast<size_t>(i)] = std::ldexp(static_cast<float>(i) + 0.5f, -30);
+  rows[0][63] = 0.75f;
+  for (int i = 0; i < 63; ++i) rows[0][static_cast<size_t>(64 + i)] = -std::ldexp(static_cast<float>(2 * i) + 0.5f, -28);
+  rows[0][127] = 3.0f;
+  // row 1: group 0 subnormal only; group 1 tiny (2^-140) beside 2^-100; group 2 subnormals beside 1; group 3
+  // near FLT_MAX beside small values (they round to 0)
+  for (int i = 0; i < 64; ++i) {
+    rows[1][static_cast<size_t>(i)] = sub * static_cast<float>(i % 7) * (i % 2 ? -1.0f : 1.0f);
+    rows[1][static_cast<size_t>(64 + i)] = i == 5 ? std::ldexp(1.0f, -100) : tiny * static_cast<float>(i);
+    rows[1][static_cast<size_t>(128 + i)] = i == 9 ? 1.0f : sub * static_cast<float>(1000 * i + 1);
+    rows[1][static_cast<size_t>(192 + i)] = i == 3 ? big : i == 4 ? -big / 3.0f : nd(rng);
+  }
+  // row 2: a group of zeros, one of negative zeros; row 3: an infinity; row 4: a NaN; row 5: -infinity in the
+  // partial last group
+  for (int i = 0; i < 64; ++i) {
+    rows[2][static_cast<size_t>(64 + i)] = 0.0f;
+    rows[2][static_cast<size_t>(128 + i)] = -0.0f;
+  }
+  rows[3][200] = std::numeric_limits<float>::infinity();
+  rows[4][300] = std::numeric_limits<float>::quiet_NaN();
+  rows[5][449] = -std::numeric_limits<float>::infinity();
+  std::vector<float> x;
+  for (const auto& r : rows) x.insert(x.end(), r.begin(), r.end());
+  const int64_t n_x = static_cast<int64_t>(rows.size());
+
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    const bool emu = rec->name == std::string("cuda_emu");
+    auto emu_sym = [&](const char* name) {
+      void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
+      REQUIRE(h != nullptr);
+      void* sym = dlsym(h, name);
+      dlclose(h);
+      REQUIRE(sym != nullptr);
+      return sym;
+    };
+    uint64_t (*table_tiles)() = nullptr;
+    if (emu) {
+      auto* same = reinterpret_cast<int (*)(const float*, int64_t, int64_t)>(emu_sym("strata_cuda_emu_same_encoding"));
+      CHECK(same(x.data(), n_x, cols) == 1);
+      CHECK(same(x.data() + 2 * cols, 1, cols) == 1);  // (one row: an operand of one n-tile)
+      table_tiles = reinterpret_cast<uint64_t (*)()>(emu_sym("strata_cuda_emu_table_tiles"));
+    }
+    const uint64_t tiles_before = table_tiles != nullptr ? table_tiles() : 0;
+    // End to end: 4 experts (1-2 rows each: one n-tile) on rows 0-2, 6, 7 (finite; the values near FLT_MAX
+    // lowered to 1e12, so that the outputs stay finite and show any difference).
+    auto table = make_cuda_with_env(*rec, "STRATA_CUDA_HOST_OPERAND", "1");
+    auto device = make_cuda_with_env(*rec, "STRATA_CUDA_HOST_OPERAND", "0");
+    Group grp(rng, cols, 96, n_x, {1, 2, 1, 2}, same_format(WeightFormat::Q4_G64, 4));
+    grp.x = x;
+    for (auto& v : grp.x) v = std::isfinite(v) && std::fabs(v) > 1e12f ? 1e12f : v;  // (FLT_MAX would overflow h)
+    grp.rows = {{0}, {1, 2}, {6}, {7, 0}};
+    std::vector<ResidentMatrix> keep_t, keep_d;
+    const Group on_t = on_device(*table, grp, keep_t), on_d = on_device(*device, grp, keep_d);
+    const auto a = on_d.run(*device), b = on_t.run(*table);
+    for (size_t e = 0; e < a.size(); ++e) {
+      CAPTURE(e);
+      CHECK(std::all_of(a[e].begin(), a[e].end(), [](float v) { return std::isfinite(v); }));
+      CHECK(std::memcmp(a[e].data(), b[e].data(), a[e].size() * 4) == 0);
+    }
+    if (table_tiles != nullptr) CHECK(table_tiles() > tiles_before);  // (the table was read)
   }
 }
 

@@ -616,6 +616,7 @@ namespace strata_cuda::emu {
 
 namespace {
 std::atomic<uint64_t> g_prefetches{0};
+std::atomic<uint64_t> g_table_tiles{0};
 }  // namespace
 
 void l2_prefetch(const void* p, uint32_t bytes) {
@@ -631,6 +632,14 @@ void l2_prefetch(const void* p, uint32_t bytes) {
     die("an L2 prefetch outside every device allocation");
   }
   g_prefetches.fetch_add(1, std::memory_order_relaxed);
+}
+
+void note_table_tile() {
+  g_table_tiles.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t table_tiles() {
+  return g_table_tiles.load(std::memory_order_relaxed);
 }
 
 uint64_t prefetch_count() {
@@ -916,4 +925,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) 
 // For test_cuda, which finds it with dlsym in the loaded plugin: the L2 prefetches the emulated kernels asked for.
 extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_prefetch_count() {
   return strata_cuda::emu::prefetch_count();
+}
+// The same for the tiles that read a host-encoded token table.
+extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_table_tiles() {
+  return strata_cuda::emu::table_tiles();
 }
