@@ -306,7 +306,7 @@ int bench_host_operand(int reps) {
       std::vector<double> enc, cp;
       for (int r = 0; r < reps; ++r) {
         auto t0 = std::chrono::steady_clock::now();
-        strata_cuda::encode_token_table(x.data(), n, hidden, hidden, kp, nullptr, tab.data());
+        strata_cuda::encode_token_table(x.data(), hidden, hidden, kp, nullptr, n, tab.data());
         auto t1 = std::chrono::steady_clock::now();
         std::memcpy(copy.data(), x.data(), copy.size());
         auto t2 = std::chrono::steady_clock::now();

@@ -124,8 +124,9 @@ struct Settings {
   // The layer kernel's gate/up operands (1 n-tile: 1-2 rows per expert) as a token table encoded on the host
   // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
   // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,
-  // so the same bits. Only for calls of at most kHostOperandMaxRows rows of x (dispatch.cpp; the host's
-  // encoding grows with them). Not measured yet on a GPU (bench_cuda --layer: row "host operand"). STRATA_CUDA_HOST_OPERAND=1.
+  // so the same bits. Only for calls using at most kHostOperandMaxRows rows of x (dispatch.cpp: the host's
+  // encoding, ~2.8 us per row of 6144 here, grows with them). Not measured yet on a GPU (bench_cuda --layer:
+  // row "host op"; and what it does to a whole decode step, bench_e2e). STRATA_CUDA_HOST_OPERAND=1.
   bool host_operand = false;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.

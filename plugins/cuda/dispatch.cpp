@@ -48,9 +48,10 @@ constexpr uint64_t kResidentMagic = 0x3144495345525453ull;  // "STRESID1"
 constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
 constexpr uint64_t kAlign = 256;
 constexpr int64_t kMaxDim = int64_t{1} << 30;  // rows and cols (kernels index with int32)
-// Settings::host_operand: calls with at most this many rows of x (the rows the group uses are encoded on the
-// host while it stages the call).
-constexpr int64_t kHostOperandMaxRows = 64;
+// Settings::host_operand: calls using at most this many rows of x (the host encodes each while it stages the
+// call: ~2.8 us per row of 6144 on the development VM with AVX2, bench_cuda --host-operand, against the ~3 us
+// of device time the preparation launch costs the layer at 1 row whatever the rows, run57).
+constexpr int64_t kHostOperandMaxRows = 2;
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
 uint64_t align_up(uint64_t v) {
@@ -301,11 +302,13 @@ struct Plan {
   const float* x = nullptr;
   uint64_t x_bytes = 0, x_off = 0;
   // Settings::host_operand, where it applies (the layer kernel at 1 n-tile): the region at x_off holds the
-  // token table of x's rows (x_rows of x_cols, padded to tab_kp; those in x_used) instead of x, and the first
-  // preparation launch is left out.
+  // token table of the rows of x the call uses (table row t: x row tab_src[t]; x_cols values, padded to
+  // tab_kp) instead of x, tab_rows_off the table rows of `rows` (tab_rows), and the first preparation launch
+  // is left out.
   bool host_operand = false;
-  int64_t x_rows = 0, x_cols = 0, tab_kp = 0;
-  std::vector<uint8_t> x_used;
+  int64_t x_cols = 0, tab_kp = 0;
+  std::vector<int32_t> tab_src, tab_rows;
+  uint64_t tab_rows_off = 0;
   std::vector<int32_t> rows;
   uint64_t rows_off = 0;
   std::vector<ItemSpec> items;
@@ -335,6 +338,7 @@ struct PlanScratch {
   std::vector<uint64_t> task_rows_at, y_task;
   std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
   ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
+  std::vector<int32_t> tab_of;  // Settings::host_operand: each row of x's token-table row, or -1
 };
 
 // A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
@@ -375,7 +379,8 @@ void reset(Plan& p) {
     to.swap(from);
   };
   keep(p.rows, fresh.rows);
-  keep(p.x_used, fresh.x_used);
+  keep(p.tab_src, fresh.tab_src);
+  keep(p.tab_rows, fresh.tab_rows);
   keep(p.items, fresh.items);
   keep(p.jobs, fresh.jobs);
   keep(p.uploads, fresh.uploads);
@@ -886,11 +891,28 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   // Settings::host_operand: room for the token table, used if the call runs on the layer kernel at 1 n-tile
   // (decided below; else x goes there as it is).
   const int64_t hp = padded_cols(hidden);
-  const bool want_table = settings_.host_operand && settings_.layer_kernel && n_x_rows <= kHostOperandMaxRows &&
-                          gu_nt.v.size() == 1 && gu_nt.v[0].first.tc && gu_nt.v[0].first.splits == kI8Splits &&
-                          !gu_nt.v[0].first.wide && gu_nt.v[0].second == 1;
-  p.x_off = lay.take(want_table ? std::max(p.x_bytes, token_table_bytes(n_x_rows, hp)) : p.x_bytes);
+  bool want_table = settings_.host_operand && settings_.layer_kernel && gu_nt.v.size() == 1 &&
+                    gu_nt.v[0].first.tc && gu_nt.v[0].first.splits == kI8Splits && !gu_nt.v[0].first.wide &&
+                    gu_nt.v[0].second == 1;
+  if (want_table) {  // the rows of x used, in order of first use, and each task row's table row
+    std::vector<int32_t>& tab_of = sc.tab_of;
+    tab_of.assign(static_cast<size_t>(n_x_rows), -1);
+    p.tab_src.clear();
+    p.tab_rows.clear();
+    for (const int32_t r : p.rows) {
+      int32_t& t = tab_of[static_cast<size_t>(r)];
+      if (t < 0) {
+        t = static_cast<int32_t>(p.tab_src.size());
+        p.tab_src.push_back(r);
+      }
+      p.tab_rows.push_back(t);
+    }
+    want_table = static_cast<int64_t>(p.tab_src.size()) <= kHostOperandMaxRows;
+  }
+  p.x_off = lay.take(want_table ? std::max(p.x_bytes, token_table_bytes(static_cast<int64_t>(p.tab_src.size()), hp))
+                                : p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
+  p.tab_rows_off = want_table ? lay.take(p.tab_rows.size() * sizeof(int32_t)) : 0;
   p.head_bytes = lay.cursor;
 
   // Per chunk: its operands and h (Chunk::in_off ..).
@@ -1038,16 +1060,13 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   // The gate/up items read the token table (one class: items in chunk order, as their preparation jobs).
   if (want_table && p.layer && p.launches[0].nt == 1 && p.n_jobs_first == static_cast<size_t>(p.launches[0].n_items)) {
     p.host_operand = true;
-    p.x_rows = n_x_rows;
     p.x_cols = hidden;
     p.tab_kp = hp;
-    p.x_used.assign(static_cast<size_t>(n_x_rows), 0);
-    for (const int32_t r : p.rows) p.x_used[static_cast<size_t>(r)] = 1;
     for (size_t i = 0; i < p.n_jobs_first; ++i) {
       ItemSpec& it = p.items[p.launches[0].first_item + i];
       it.in_off = p.x_off;
-      it.in_rows_off = p.jobs[i].rows_off;
-      it.in_zero = static_cast<int>(n_x_rows);
+      it.in_rows_off = p.tab_rows_off + (p.jobs[i].rows_off - p.rows_off);  // (the same entries' table rows)
+      it.in_zero = static_cast<int>(p.tab_src.size());
     }
   }
 }
@@ -1172,8 +1191,9 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   char* base = s.dev;
   // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
   if (p.host_operand) {
-    encode_token_table(p.x, p.x_rows, p.x_cols, p.x_cols, p.tab_kp, p.x_used.data(),
+    encode_token_table(p.x, p.x_cols, p.x_cols, p.tab_kp, p.tab_src.data(), static_cast<int64_t>(p.tab_src.size()),
                        reinterpret_cast<uint8_t*>(s.in + p.x_off));
+    std::memcpy(s.in + p.tab_rows_off, p.tab_rows.data(), p.tab_rows.size() * sizeof(int32_t));
   } else if (p.x_bytes > 0) {
     std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
   }

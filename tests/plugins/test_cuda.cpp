@@ -1136,21 +1136,26 @@ TEST_CASE("cuda host-encoded operands: the device encoding's bytes, also at ties
       table_tiles = reinterpret_cast<uint64_t (*)()>(emu_sym("strata_cuda_emu_table_tiles"));
     }
     const uint64_t tiles_before = table_tiles != nullptr ? table_tiles() : 0;
-    // End to end: 4 experts (1-2 rows each: one n-tile) on rows 0-2, 6, 7 (finite; the values near FLT_MAX
-    // lowered to 1e12, so that the outputs stay finite and show any difference).
+    // End to end: 4 experts (1-2 rows each: one n-tile) on two of the finite rows per call (the table holds
+    // the rows a call uses, at most 2; the values near FLT_MAX lowered to 1e12, so that the outputs stay finite
+    // and show any difference).
     auto table = make_cuda_with_env(*rec, "STRATA_CUDA_HOST_OPERAND", "1");
     auto device = make_cuda_with_env(*rec, "STRATA_CUDA_HOST_OPERAND", "0");
     Group grp(rng, cols, 96, n_x, {1, 2, 1, 2}, same_format(WeightFormat::Q4_G64, 4));
     grp.x = x;
     for (auto& v : grp.x) v = std::isfinite(v) && std::fabs(v) > 1e12f ? 1e12f : v;  // (FLT_MAX would overflow h)
-    grp.rows = {{0}, {1, 2}, {6}, {7, 0}};
     std::vector<ResidentMatrix> keep_t, keep_d;
-    const Group on_t = on_device(*table, grp, keep_t), on_d = on_device(*device, grp, keep_d);
-    const auto a = on_d.run(*device), b = on_t.run(*table);
-    for (size_t e = 0; e < a.size(); ++e) {
-      CAPTURE(e);
-      CHECK(std::all_of(a[e].begin(), a[e].end(), [](float v) { return std::isfinite(v); }));
-      CHECK(std::memcmp(a[e].data(), b[e].data(), a[e].size() * 4) == 0);
+    Group on_t = on_device(*table, grp, keep_t), on_d = on_device(*device, grp, keep_d);
+    for (const auto& [r0, r1] : {std::pair<int32_t, int32_t>{0, 1}, {2, 6}, {7, 1}, {2, 2}}) {
+      CAPTURE(r0);
+      CAPTURE(r1);
+      on_t.rows = on_d.rows = {{r0}, {r0, r1}, {r1}, {r1, r0}};
+      const auto a = on_d.run(*device), b = on_t.run(*table);
+      for (size_t e = 0; e < a.size(); ++e) {
+        CAPTURE(e);
+        CHECK(std::all_of(a[e].begin(), a[e].end(), [](float v) { return std::isfinite(v); }));
+        CHECK(std::memcmp(a[e].data(), b[e].data(), a[e].size() * 4) == 0);
+      }
     }
     if (table_tiles != nullptr) CHECK(table_tiles() > tiles_before);  // (the table was read)
   }

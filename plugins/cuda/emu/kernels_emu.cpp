@@ -62,11 +62,21 @@ extern "C" __attribute__((visibility("default"))) int strata_cuda_emu_same_encod
       cudaStreamSynchronize(st) != cudaSuccess) {
     return fail();
   }
-  std::vector<uint8_t> dev(op_bytes), tab(token_table_bytes(n_rows, kp));
+  std::vector<uint8_t> dev(op_bytes), tab(token_table_bytes(n_rows, kp)), other(tab.size());
   if (cudaMemcpy(dev.data(), dop, op_bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return fail();
   release();
-  encode_token_table(x, n_rows, cols, cols, kp, nullptr, tab.data());
-  const uint8_t* tab_mult = tab.data() + static_cast<uint64_t>(n_rows + 1) * kI8Planes * kp;
+  encode_token_table(x, cols, cols, kp, nullptr, n_rows, tab.data());
+  // (every code this CPU runs gives the same bytes: a value at a time, SSE2, AVX2)
+  for (const TableCode code : {TableCode::kScalar, TableCode::kSse2, TableCode::kAvx2}) {
+    if (code == TableCode::kAvx2 && !__builtin_cpu_supports("avx2")) continue;
+    encode_token_table_as(x, cols, cols, kp, nullptr, n_rows, other.data(), code);
+    if (tab != other) {
+      std::fprintf(stderr, "token table: the encoding by code %d differs from the default one\n",
+                   static_cast<int>(code));
+      return 0;
+    }
+  }
+  const uint8_t* tab_mult = tab.data() + static_cast<uint64_t>(n_rows) * kI8Planes * kp;
   const uint8_t* dev_mult = dev.data() + static_cast<uint64_t>(ncols) * kp;
   for (int64_t t = 0; t < n_rows; ++t) {
     for (int p = 0; p < kI8Planes; ++p) {

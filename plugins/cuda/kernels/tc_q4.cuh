@@ -389,7 +389,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const int row_b = __ldg(it.in_rows + (g_b >> 2)), r_m = q >> 1;
       const int row_m = r_m < it.n_tok ? __ldg(it.in_rows + r_m) : it.in_zero;
       bp = tab + (static_cast<int64_t>(row_b) * kI8Planes + (g_b & 3)) * kp;
-      mp = reinterpret_cast<const float*>(tab + static_cast<int64_t>(it.in_zero + 1) * kI8Planes * kp) +
+      mp = reinterpret_cast<const float*>(tab + static_cast<int64_t>(it.in_zero) * kI8Planes * kp) +
            static_cast<int64_t>(row_m) * n_groups_all;
 #if defined(STRATA_CUDA_EMULATE)
       if (threadIdx.x == 0) emu::note_table_tile();
