@@ -66,8 +66,8 @@ extern "C" __attribute__((visibility("default"))) int strata_cuda_emu_same_encod
   if (cudaMemcpy(dev.data(), dop, op_bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return fail();
   release();
   encode_token_table(x, cols, cols, kp, nullptr, n_rows, tab.data());
-  // (every code this CPU runs gives the same bytes: a value at a time, SSE2, AVX2)
-  for (const TableCode code : {TableCode::kScalar, TableCode::kSse2, TableCode::kAvx2}) {
+  // (every code this CPU runs gives the same bytes: a value at a time, AVX2)
+  for (const TableCode code : {TableCode::kScalar, TableCode::kAvx2}) {
     if (code == TableCode::kAvx2 && !__builtin_cpu_supports("avx2")) continue;
     encode_token_table_as(x, cols, cols, kp, nullptr, n_rows, other.data(), code);
     if (tab != other) {
