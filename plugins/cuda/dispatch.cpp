@@ -902,12 +902,15 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     for (const int32_t r : p.rows) {
       int32_t& t = tab_of[static_cast<size_t>(r)];
       if (t < 0) {
+        if (static_cast<int64_t>(p.tab_src.size()) == kHostOperandMaxRows) {
+          want_table = false;  // (too many rows of x for the host to encode)
+          break;
+        }
         t = static_cast<int32_t>(p.tab_src.size());
         p.tab_src.push_back(r);
       }
       p.tab_rows.push_back(t);
     }
-    want_table = static_cast<int64_t>(p.tab_src.size()) <= kHostOperandMaxRows;
   }
   p.x_off = lay.take(want_table ? std::max(p.x_bytes, token_table_bytes(static_cast<int64_t>(p.tab_src.size()), hp))
                                 : p.x_bytes);

@@ -7,6 +7,8 @@
 #include <limits>
 #if defined(__x86_64__)
 #include <immintrin.h>
+#else
+#include <cfenv>
 #endif
 
 #include "kernels/work.hpp"
@@ -207,11 +209,15 @@ void encode_token_table_as(const float* x, int64_t ld_x, int64_t cols, int64_t k
   // The zero token's multipliers (its digits are never read: the kernel's B columns past the tokens load a
   // live one).
   std::memset(mult + n_rows * n_groups, 0, static_cast<size_t>(n_groups) * 4);
-#if defined(__x86_64__)
   // IEEE defaults for the products and conversions (no flush to zero, round to nearest even), whatever the
   // calling thread set; restored after.
+#if defined(__x86_64__)
   const unsigned csr = _mm_getcsr();
   _mm_setcsr(0x1f80);
+#else
+  std::fenv_t env;
+  std::fegetenv(&env);
+  std::fesetenv(FE_DFL_ENV);
 #endif
   for (int64_t t = 0; t < n_rows; ++t) {
     const float* row = x + (src != nullptr ? src[t] : t) * ld_x;
@@ -227,6 +233,8 @@ void encode_token_table_as(const float* x, int64_t ld_x, int64_t cols, int64_t k
   }
 #if defined(__x86_64__)
   _mm_setcsr(csr);
+#else
+  std::fesetenv(&env);
 #endif
 }
 

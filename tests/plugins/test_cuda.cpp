@@ -1158,6 +1158,32 @@ TEST_CASE("cuda host-encoded operands: the device encoding's bytes, also at ties
       }
     }
     if (table_tiles != nullptr) CHECK(table_tiles() > tiles_before);  // (the table was read)
+
+    // Through the main loop in every layer-kernel mode: hidden 2100 (gate/up warps of 5 and 3 load batches and
+    // a remainder group), down K 600 (2 batches and a remainder), random rows of x, 1-2 rows per expert
+    // using 2 rows of x; the table's bits against the preparation launch's.
+    Group big(rng, 2100, 600, 3, {1, 2, 1, 2}, same_format(WeightFormat::Q4_G64, 4));
+    big.rows = {{2}, {2, 0}, {0}, {0, 2}};
+    std::vector<ResidentMatrix> keep_b;
+    const Group big_d = on_device(*device, big, keep_b);
+    const auto want = big_d.run(*device);
+    using Env = std::vector<std::pair<const char*, const char*>>;
+    for (const Env& env : {Env{}, Env{{"STRATA_CUDA_LAYER_LEAN", "1"}}, Env{{"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                           Env{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}}, Env{{"STRATA_CUDA_LAYER_PREFETCH", "1"}},
+                           Env{{"STRATA_CUDA_LAYER_PREFETCH", "2"}}}) {
+      Env with = env;
+      with.emplace_back("STRATA_CUDA_HOST_OPERAND", "1");
+      CAPTURE(env.empty() ? std::string("default") : std::string(env[0].first) + "=" + env[0].second);
+      auto be = make_cuda_with_envs(*rec, with);
+      std::vector<ResidentMatrix> keep_m;
+      const uint64_t before = table_tiles != nullptr ? table_tiles() : 0;
+      const auto got = on_device(*be, big, keep_m).run(*be);
+      for (size_t e = 0; e < want.size(); ++e) {
+        CAPTURE(e);
+        CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+      }
+      if (table_tiles != nullptr) CHECK(table_tiles() > before);
+    }
   }
 }
 

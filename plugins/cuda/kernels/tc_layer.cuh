@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
       }
       __syncthreads();
       const PrepJob& job = lw.dn_jobs[i];
-      // The last of the group's tiles encodes it (not for tiles past this item's rows: h's padding is prep's).
+      // The last of the group's tiles encodes it (a tile past this item's rows has no group of its operand to
+      // encode; h's padding columns within the last group encode as zeros without being read: job.cols).
       if (s_last && grp < job.kp / kColPad) {
         grid_dep_wait();  // (a tile past the item's rows did not wait in the tile)
         __threadfence();  // the group's other tiles' h, counted before this block's

@@ -457,7 +457,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     };
     // PF (the layer kernel's opt-in L2 prefetch; lane 0 of each warp, cp.async.bulk.prefetch.L2):
     //  - PF > 0, even ("ahead"): before the first batch, the weights (2 KB a batch) of batches 2 .. PF - 1 and
-    //    the Q4_G64 scales (256 bytes a batch) of batches 2 .. nb - 1 (at most 2.5 KB); then, as each even
+    //    the Q4_G64 scales (256 bytes a batch) of batches 2 .. nb - 1 (2.5 KB for a GLM-5.2 gate/up warp); then, as each even
     //    batch i is loaded (or skipped), the weights of batches i + PF and i + PF + 1, those in the slice. While
     //    batch b runs (the registers hold b and b + 1), PF (b even) or PF + 1 (b odd) batches beyond them are
     //    requested. One prefetch per two batches from a running pointer and count: sm_90 takes its operands in
