@@ -10,8 +10,9 @@
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
 # with --latency the issue -> take wall medians, with STRATA_CUDA_TRACE=1 the host's laps per one-token issue;
 # "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default), "[own tokens]" (each
-# expert its own rows, not the same ones): bench_cuda's rows of the layer kernel's other
-# modes, measured in the same process) and
+# expert its own rows, not the same ones), "[L2 ahead]" / "[L2 start]" (STRATA_CUDA_LAYER_PREFETCH=1 / 2), "[host
+# op]" (STRATA_CUDA_HOST_OPERAND=1, 1-2 rows): bench_cuda's rows of the layer kernel's other modes, measured in
+# the same process) and
 # logs.tgz (test_cuda.log and every bench log).
 # An H100 standing in for an H200: BENCH_ARGS='--layer --quick --rounds 5 --reserve-sms 52' (docs/benchmarks.md).
 set -uo pipefail
