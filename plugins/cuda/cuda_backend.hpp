@@ -125,7 +125,7 @@ struct Settings {
   // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
   // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,
   // so the same bits. Only for calls using at most kHostOperandMaxRows rows of x (dispatch.cpp: the host's
-  // encoding, ~2.8 us per row of 6144 here, grows with them). Not measured yet on a GPU (bench_cuda --layer:
+  // encoding, ~1.9 us per row of 6144 here, grows with them). Not measured yet on a GPU (bench_cuda --layer:
   // row "host op"; and what it does to a whole decode step, bench_e2e). STRATA_CUDA_HOST_OPERAND=1.
   bool host_operand = false;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the

@@ -49,7 +49,7 @@ constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
 constexpr uint64_t kAlign = 256;
 constexpr int64_t kMaxDim = int64_t{1} << 30;  // rows and cols (kernels index with int32)
 // Settings::host_operand: calls using at most this many rows of x (the host encodes each while it stages the
-// call: ~2.8 us per row of 6144 on the development VM with AVX2, bench_cuda --host-operand, against the ~3 us
+// call: ~1.9 us per row of 6144 on the development VM with AVX-512, bench_cuda --host-operand, against the ~3 us
 // of device time the preparation launch costs the layer at 1 row whatever the rows, run57).
 constexpr int64_t kHostOperandMaxRows = 2;
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();

@@ -180,6 +180,85 @@ __attribute__((target("avx2"))) void encode_row_avx2(const float* row, int64_t c
     }
   }
 }
+
+// (GCC 12's AVX-512 headers leave an "undefined" vector to the reductions and shuffles, which -Wall reports as
+// maybe uninitialized; a false positive.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// 64 values (a group) at a time with AVX-512 (F, BW): the group's 4 chunks transposed by 128-bit lanes so that
+// register k holds columns 4k .. 4k + 3 of every chunk (chunk j in lane j), then the AVX2 form's per-lane digit
+// words and byte transpose, giving each plane's 16 bytes of chunk j in lane j. A whole unit (two groups) is
+// stored as 128 contiguous bytes per plane (its chunks interleaved: group 0's chunk k at 32 k, group 1's at
+// 32 k + 16); a last unit of one group as its chunks in order. group_avx512: one group's planes (plane[p], chunk
+// j in lane j) and its multiplier.
+__attribute__((target("avx512f,avx512bw"))) void group_avx512(const float* src, float* mu,
+                                                             __m512i (&plane)[kI8Planes]) {
+  const __m512i exp_mask = _mm512_set1_epi32(0x7f800000), bias = _mm512_set1_epi32(0x808080);
+  __m512 v[4];
+  __m512 mx = _mm512_setzero_ps();
+  __mmask16 nonfinite = 0;
+  for (int k = 0; k < 4; ++k) {
+    v[k] = _mm512_loadu_ps(src + 16 * k);
+    mx = _mm512_max_ps(mx, _mm512_abs_ps(v[k]));
+    nonfinite |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v[k]), exp_mask), exp_mask);
+  }
+  const bool bad = nonfinite != 0;
+  const float amax = _mm512_reduce_max_ps(mx);
+  const int e = !bad && amax > 0.0f ? frexp_exponent(amax) : 0;
+  put_mult(mu, bad, e);
+  if (bad) {  // (digits zero)
+    for (auto& p : plane) p = _mm512_setzero_si512();
+    return;
+  }
+  const GroupScale sc(e);
+  const __m512 fa = _mm512_set1_ps(sc.fa), fb = _mm512_set1_ps(sc.fb);
+  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+  const __m512 q[4] = {_mm512_shuffle_f32x4(t0, t2, 0x88), _mm512_shuffle_f32x4(t0, t2, 0xDD),
+                       _mm512_shuffle_f32x4(t1, t3, 0x88), _mm512_shuffle_f32x4(t1, t3, 0xDD)};
+  __m512i x[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512i m = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(q[k], fa), fb));
+    x[k] = _mm512_xor_si512(_mm512_add_epi32(m, bias), bias);
+  }
+  const __m512i ua = _mm512_unpacklo_epi8(x[0], x[1]), ub = _mm512_unpackhi_epi8(x[0], x[1]);
+  const __m512i uc = _mm512_unpacklo_epi8(x[2], x[3]), ud = _mm512_unpackhi_epi8(x[2], x[3]);
+  const __m512i ev0 = _mm512_unpacklo_epi8(ua, ub), od0 = _mm512_unpackhi_epi8(ua, ub);
+  const __m512i ev1 = _mm512_unpacklo_epi8(uc, ud), od1 = _mm512_unpackhi_epi8(uc, ud);
+  const __m512i i0 = _mm512_unpacklo_epi32(ev0, od0), i1 = _mm512_unpackhi_epi32(ev0, od0);
+  const __m512i j0 = _mm512_unpacklo_epi32(ev1, od1), j1 = _mm512_unpackhi_epi32(ev1, od1);
+  plane[0] = _mm512_unpacklo_epi64(i0, j0);
+  plane[1] = _mm512_unpackhi_epi64(i0, j0);
+  plane[2] = _mm512_unpacklo_epi64(i1, j1);
+  plane[3] = _mm512_unpackhi_epi64(i1, j1);
+}
+
+__attribute__((target("avx512f,avx512bw"))) void encode_row_avx512(const float* row, int64_t cols, int64_t kp,
+                                                                  uint8_t* planes, float* mult) {
+  alignas(64) float pad[2 * kColPad];
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  for (int64_t c0 = 0; c0 < kp; c0 += 2 * kColPad) {  // units of 128 columns
+    const bool whole = c0 + 2 * kColPad <= kp;
+    const int64_t n = whole ? 2 * kColPad : kColPad;
+    const float* src = row + c0;
+    if (c0 + n > cols) {  // (a partial last unit: zeros past the row)
+      for (int64_t i = 0; i < n; ++i) pad[i] = c0 + i < cols ? row[c0 + i] : 0.0f;
+      src = pad;
+    }
+    __m512i p0[kI8Planes], p1[kI8Planes];
+    group_avx512(src, mult + c0 / kColPad, p0);
+    if (!whole) {
+      for (int p = 0; p < kI8Planes; ++p) _mm512_storeu_si512(planes + p * kp + c0, p0[p]);
+      continue;
+    }
+    group_avx512(src + kColPad, mult + c0 / kColPad + 1, p1);
+    for (int p = 0; p < kI8Planes; ++p) {
+      _mm512_storeu_si512(planes + p * kp + c0, _mm512_permutex2var_epi64(p0[p], lo, p1[p]));
+      _mm512_storeu_si512(planes + p * kp + c0 + 64, _mm512_permutex2var_epi64(p0[p], hi, p1[p]));
+    }
+  }
+}
+#pragma GCC diagnostic pop
 #endif
 
 }  // namespace
@@ -192,8 +271,11 @@ uint64_t token_table_bytes(int64_t n_rows, int64_t kp) {
 void encode_token_table(const float* x, int64_t ld_x, int64_t cols, int64_t kp, const int32_t* src,
                         int64_t n_rows, uint8_t* dst) {
 #if defined(__x86_64__)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  encode_token_table_as(x, ld_x, cols, kp, src, n_rows, dst, avx2 ? TableCode::kAvx2 : TableCode::kScalar);
+  static const TableCode best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                                    ? TableCode::kAvx512
+                                : __builtin_cpu_supports("avx2") ? TableCode::kAvx2
+                                                                 : TableCode::kScalar;
+  encode_token_table_as(x, ld_x, cols, kp, src, n_rows, dst, best);
 #else
   encode_token_table_as(x, ld_x, cols, kp, src, n_rows, dst, TableCode::kScalar);
 #endif
@@ -203,6 +285,9 @@ void encode_token_table_as(const float* x, int64_t ld_x, int64_t cols, int64_t k
                            int64_t n_rows, uint8_t* dst, TableCode code) {
 #if defined(__x86_64__)
   if (code == TableCode::kAvx2 && !__builtin_cpu_supports("avx2")) code = TableCode::kScalar;
+  if (code == TableCode::kAvx512 && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))) {
+    code = TableCode::kScalar;
+  }
 #endif
   const int64_t n_groups = kp / kColPad;
   float* mult = reinterpret_cast<float*>(dst + static_cast<uint64_t>(n_rows) * kI8Planes * kp);
@@ -224,6 +309,10 @@ void encode_token_table_as(const float* x, int64_t ld_x, int64_t cols, int64_t k
     uint8_t* planes = dst + static_cast<uint64_t>(t) * kI8Planes * kp;
     float* row_mult = mult + t * n_groups;
 #if defined(__x86_64__)
+    if (code == TableCode::kAvx512) {
+      encode_row_avx512(row, cols, kp, planes, row_mult);
+      continue;
+    }
     if (code == TableCode::kAvx2) {
       encode_row_avx2(row, cols, kp, planes, row_mult);
       continue;

@@ -17,10 +17,10 @@ uint64_t token_table_bytes(int64_t n_rows, int64_t kp);
 // (its digits zero).
 void encode_token_table(const float* x, int64_t ld_x, int64_t cols, int64_t kp, const int32_t* src,
                         int64_t n_rows, uint8_t* dst);
-// The same by a given code: a value at a time (portable) or 32 values at a time with AVX2 (x86-64:
-// encode_token_table takes AVX2 where the CPU has it); both must give the same bytes (test_cuda compares them
-// with the device's). A code this build or CPU lacks runs the portable one.
-enum class TableCode { kScalar, kAvx2 };
+// The same by a given code: a value at a time (portable), 32 values at a time with AVX2 or 64 with AVX-512
+// (x86-64: encode_token_table takes the widest the CPU has); all must give the same bytes (test_cuda compares
+// them with the device's). A code this build or CPU lacks runs the portable one.
+enum class TableCode { kScalar, kAvx2, kAvx512 };
 void encode_token_table_as(const float* x, int64_t ld_x, int64_t cols, int64_t kp, const int32_t* src,
                            int64_t n_rows, uint8_t* dst, TableCode code);
 

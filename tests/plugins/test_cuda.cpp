@@ -1133,6 +1133,10 @@ TEST_CASE("cuda host-encoded operands: the device encoding's bytes, also at ties
       auto* same = reinterpret_cast<int (*)(const float*, int64_t, int64_t)>(emu_sym("strata_cuda_emu_same_encoding"));
       CHECK(same(x.data(), n_x, cols) == 1);
       CHECK(same(x.data() + 2 * cols, 1, cols) == 1);  // (one row: an operand of one n-tile)
+      // 130 columns: a last unit of one group (kp 192), itself partial
+      std::vector<float> x130;
+      for (const auto& r : rows) x130.insert(x130.end(), r.begin(), r.begin() + 130);
+      CHECK(same(x130.data(), n_x, 130) == 1);
       table_tiles = reinterpret_cast<uint64_t (*)()>(emu_sym("strata_cuda_emu_table_tiles"));
     }
     const uint64_t tiles_before = table_tiles != nullptr ? table_tiles() : 0;

@@ -66,8 +66,8 @@ extern "C" __attribute__((visibility("default"))) int strata_cuda_emu_same_encod
   if (cudaMemcpy(dev.data(), dop, op_bytes, cudaMemcpyDeviceToHost) != cudaSuccess) return fail();
   release();
   encode_token_table(x, cols, cols, kp, nullptr, n_rows, tab.data());
-  // (every code this CPU runs gives the same bytes: a value at a time, AVX2)
-  for (const TableCode code : {TableCode::kScalar, TableCode::kAvx2}) {
+  // (every code gives the same bytes: a value at a time, AVX2, AVX-512)
+  for (const TableCode code : {TableCode::kScalar, TableCode::kAvx2, TableCode::kAvx512}) {
     // (kAvx2 where the CPU has no AVX2 runs the portable code: compared all the same)
     encode_token_table_as(x, cols, cols, kp, nullptr, n_rows, other.data(), code);
     if (tab != other) {
