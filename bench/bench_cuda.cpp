@@ -356,8 +356,8 @@ int main(int argc, char** argv) {
       "goes)");
   bool host_operand = false;
   app.add_flag("--host-operand", host_operand,
-               "only the host's encoding of a token table (STRATA_CUDA_HOST_OPERAND; the default code, AVX2 where "
-               "the CPU has it, and the portable one) against the copy of x it replaces; no GPU needed");
+               "only the host's encoding of a token table (STRATA_CUDA_HOST_OPERAND; the default code, the widest of "
+               "AVX-512 and AVX2 the CPU has, and the portable one) against the copy of x it replaces; no GPU needed");
   int layer_experts = 8;
   int reserve_sms = 0;
   app.add_option("--reserve-sms", reserve_sms,

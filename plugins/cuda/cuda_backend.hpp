@@ -118,15 +118,15 @@ struct Settings {
   // kLayerPrefetchStart (2): 6 of them once, as each tile starts, before it waits for its inputs (the first
   // wave waits ~3 us for the preparation launch at 1 row, run57). Off by default: L2 prefetch has been slower
   // in every form measured so far (bulk, 2-16 batches ahead, on the H200: run36, also for pure reads; per lane
-  // on a full H100: run71); these two forms are not measured yet (bench_cuda --layer: rows "prefetch ahead" and
-  // "prefetch at start", with --reserve-sms 52 standing in for the H200). STRATA_CUDA_LAYER_PREFETCH=0|1|2.
+  // on a full H100: run71); these two forms are not measured yet (bench_cuda --layer: rows "L2 ahead" and "L2
+  // start", with --reserve-sms 52 standing in for the H200). STRATA_CUDA_LAYER_PREFETCH=0|1|2.
   int layer_prefetch = 0;
   // The layer kernel's gate/up operands (1 n-tile: 1-2 rows per expert) as a token table encoded on the host
   // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
   // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,
   // so the same bits. Only for calls using at most kHostOperandMaxRows rows of x (dispatch.cpp: the host's
   // encoding, ~1.9 us per row of 6144 here, grows with them). Not measured yet on a GPU (bench_cuda --layer:
-  // row "host op"; and what it does to a whole decode step, bench_e2e). STRATA_CUDA_HOST_OPERAND=1.
+  // row "host op"; and what it does to an issue's wall time, bench_cuda --latency). STRATA_CUDA_HOST_OPERAND=1.
   bool host_operand = false;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.

@@ -75,12 +75,11 @@ struct GroupScale {
 
 // A group's multiplier: 2^(e - 34), or NaN for a group with a non-finite value.
 void put_mult(float* at, bool bad, int e) {
-  const float mu = pow2f(e - 34);
   const uint32_t nan = 0x7fc00000u;
   if (bad) {
     std::memcpy(at, &nan, 4);
   } else {
-    *at = mu;
+    *at = pow2f(e - 34);
   }
 }
 
@@ -145,13 +144,7 @@ __attribute__((target("avx2"))) void encode_row_avx2(const float* row, int64_t c
     const int e = !bad && amax > 0.0f ? frexp_exponent(amax) : 0;
     put_mult(mult + grp, bad, e);
     if (bad) {
-      for (int p = 0; p < kI8Planes; ++p) {  // (digits zero)
-        for (int ch = 0; ch < 4; ++ch) {
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(planes + p * kp + i8_pos_host(c0 + 16 * ch, kp)),
-                           _mm_setzero_si128());
-        }
-      }
-      continue;
+      for (auto& r : v) r = _mm256_setzero_ps();  // (digits zero)
     }
     const GroupScale sc(e);
     const __m256 fa = _mm256_set1_ps(sc.fa), fb = _mm256_set1_ps(sc.fb);
@@ -182,9 +175,10 @@ __attribute__((target("avx2"))) void encode_row_avx2(const float* row, int64_t c
 }
 
 // (GCC 12's AVX-512 headers leave an "undefined" vector to the reductions and shuffles, which -Wall reports as
-// maybe uninitialized; a false positive.)
+// (maybe) uninitialized; a false positive.)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 // 64 values (a group) at a time with AVX-512 (F, BW): the group's 4 chunks transposed by 128-bit lanes so that
 // register k holds columns 4k .. 4k + 3 of every chunk (chunk j in lane j), then the AVX2 form's per-lane digit
 // words and byte transpose, giving each plane's 16 bytes of chunk j in lane j. A whole unit (two groups) is
@@ -206,9 +200,8 @@ __attribute__((target("avx512f,avx512bw"))) void group_avx512(const float* src, 
   const float amax = _mm512_reduce_max_ps(mx);
   const int e = !bad && amax > 0.0f ? frexp_exponent(amax) : 0;
   put_mult(mu, bad, e);
-  if (bad) {  // (digits zero)
-    for (auto& p : plane) p = _mm512_setzero_si512();
-    return;
+  if (bad) {
+    for (auto& r : v) r = _mm512_setzero_ps();  // (digits zero)
   }
   const GroupScale sc(e);
   const __m512 fa = _mm512_set1_ps(sc.fa), fb = _mm512_set1_ps(sc.fb);

@@ -877,6 +877,19 @@ static Group on_device(const Backend& b, const Group& g, std::vector<ResidentMat
   return d;
 }
 
+// A test hook of the emulated plugin (exported by emu/, found with dlsym in the loaded library); nullptr for a
+// plugin that is not the emulation.
+template <class Fn>
+static Fn* emu_hook(const PluginRecord* rec, const char* name) {
+  if (rec->name != std::string("cuda_emu")) return nullptr;
+  void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  REQUIRE(h != nullptr);
+  void* sym = dlsym(h, name);
+  dlclose(h);
+  REQUIRE(sym != nullptr);
+  return reinterpret_cast<Fn*>(sym);
+}
+
 // The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against
 // the separate launches (STRATA_CUDA_LAYER=0): the same bits with resident weights (staged host weights take
 // the separate launches in both; checked too), both int4 formats,
@@ -1033,14 +1046,8 @@ TEST_CASE(
     ::unsetenv("STRATA_CUDA_LAYER_PREFETCH");
     ::unsetenv("STRATA_CUDA_HOST_OPERAND");
     auto emu_count = [&](const char* name) -> int64_t {
-      if (rec->name != std::string("cuda_emu")) return -1;
-      void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
-      REQUIRE(h != nullptr);
-      void* sym = dlsym(h, name);
-      dlclose(h);
-      REQUIRE(sym != nullptr);
-      auto* count = reinterpret_cast<uint64_t (*)()>(sym);
-      return static_cast<int64_t>(count());
+      auto* count = emu_hook<uint64_t()>(rec, name);
+      return count != nullptr ? static_cast<int64_t>(count()) : -1;
     };
     auto prefetches = [&] { return emu_count("strata_cuda_emu_prefetch_count"); };
     auto table_tiles = [&] { return emu_count("strata_cuda_emu_table_tiles"); };
@@ -1119,25 +1126,14 @@ TEST_CASE("cuda host-encoded operands: the device encoding's bytes, also at ties
 
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
-    const bool emu = rec->name == std::string("cuda_emu");
-    auto emu_sym = [&](const char* name) {
-      void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
-      REQUIRE(h != nullptr);
-      void* sym = dlsym(h, name);
-      dlclose(h);
-      REQUIRE(sym != nullptr);
-      return sym;
-    };
-    uint64_t (*table_tiles)() = nullptr;
-    if (emu) {
-      auto* same = reinterpret_cast<int (*)(const float*, int64_t, int64_t)>(emu_sym("strata_cuda_emu_same_encoding"));
+    uint64_t (*table_tiles)() = emu_hook<uint64_t()>(rec, "strata_cuda_emu_table_tiles");
+    if (auto* same = emu_hook<int(const float*, int64_t, int64_t)>(rec, "strata_cuda_emu_same_encoding")) {
       CHECK(same(x.data(), n_x, cols) == 1);
       CHECK(same(x.data() + 2 * cols, 1, cols) == 1);  // (one row: an operand of one n-tile)
       // 130 columns: a last unit of one group (kp 192), itself partial
       std::vector<float> x130;
       for (const auto& r : rows) x130.insert(x130.end(), r.begin(), r.begin() + 130);
       CHECK(same(x130.data(), n_x, 130) == 1);
-      table_tiles = reinterpret_cast<uint64_t (*)()>(emu_sym("strata_cuda_emu_table_tiles"));
     }
     const uint64_t tiles_before = table_tiles != nullptr ? table_tiles() : 0;
     // End to end: 4 experts (1-2 rows each: one n-tile) on two of the finite rows per call (the table holds
