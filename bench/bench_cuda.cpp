@@ -508,7 +508,6 @@ int main(int argc, char** argv) {
         int lean;  // Settings::layer_lean: -1 auto (lean at 2 n-tiles), 0 never, 1 always
         int min_rows, max_rows;
         bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
-        int prefetch = 0;       // Settings::layer_prefetch (0: the default's)
         bool host_operand = false;  // Settings::host_operand (or the default's)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
@@ -516,7 +515,6 @@ int main(int argc, char** argv) {
       // (STRATA_CUDA_LAYER_LEAN), also A/B.
       const int persistent_default = b.settings().layer_persistent;
       const int lean_default = b.settings().layer_lean;
-      const int prefetch_default = b.settings().layer_prefetch;
       const bool host_operand_default = b.settings().host_operand;
       // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
       const bool pdl_default = b.settings().pdl;
@@ -535,11 +533,7 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true},
-          {"tensor cores, exact, L2 ahead", 0, false, true, true, true, pd, ld, 1, 4, false,
-           strata_cuda::kLayerPrefetchAhead},
-          {"tensor cores, exact, L2 start", 0, false, true, true, true, pd, ld, 1, 4, false,
-           strata_cuda::kLayerPrefetchStart},
-          {"tensor cores, exact, host op", 0, false, true, true, true, pd, ld, 1, 2, false, 0, true},
+          {"tensor cores, exact, host op", 0, false, true, true, true, pd, ld, 1, 2, false, true},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -556,8 +550,6 @@ int main(int argc, char** argv) {
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
         b.settings().layer_lean = v.lean;
-        if (v.prefetch != 0 && v.prefetch == prefetch_default) continue;  // (the same as the default row)
-        b.settings().layer_prefetch = v.prefetch != 0 ? v.prefetch : prefetch_default;
         if (v.host_operand && host_operand_default) continue;  // (the same as the default row)
         b.settings().host_operand = v.host_operand || host_operand_default;
         for (int rows : {1, 2, 3, 4, 8}) {
@@ -592,7 +584,6 @@ int main(int argc, char** argv) {
       b.settings().layer_kernel = true;
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;
-      b.settings().layer_prefetch = prefetch_default;
       b.settings().host_operand = host_operand_default;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
@@ -755,6 +746,36 @@ int main(int argc, char** argv) {
         (void)cudaStreamDestroy(warm);
       }
       b.settings().spin_us = spin_as_set;
+      // The host operand's whole trade (the host's encoding against the preparation launch it saves), with
+      // the two settings alternating issue by issue in this process: separate processes differ by more than
+      // the trade (run98: medians of 105-143 us for one setting).
+      const bool host_operand_as_set = b.settings().host_operand;
+      const int64_t ab_iters = smoke ? 6 : 400;
+      fmt::print("\nthe same, A/B alternating issue by issue, {} issues each: wall (poll {} us) and device\n",
+                 ab_iters, spin_as_set);
+      fmt::print("{:<40} {:>19} {:>19} {:>19} {:>19}\n", "device before the issue", "wall, default", "wall, host op",
+                 "device, default", "device, host op");
+      for (const Scenario& sc : {scenarios[0], scenarios[1]}) {
+        std::vector<double> t[2][2];  // [device][host operand]
+        for (int64_t i = 0; i < 4 * (ab_iters + 1); ++i) {
+          const int ho = static_cast<int>(i & 1), dev = static_cast<int>((i >> 1) & 1);
+          b.settings().host_operand = ho != 0;
+          idle(sc);
+          Group& g = gs[static_cast<size_t>((i >> 2) % small)];
+          const auto n = static_cast<int32_t>(g.tasks.size());
+          double us = 0;
+          if (dev != 0) {
+            us = b.time_expert_group(x.data(), 1, H, n, g.tasks.data(), 1).at(0) * 1e3;
+          } else {
+            const auto a = std::chrono::steady_clock::now();
+            b.take(b.issue(x.data(), 1, H, n, g.tasks.data()));
+            us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
+          }
+          if (i >= 4) t[dev][ho].push_back(us);
+        }
+        fmt::print("{:<40}{}{}{}{}\n", sc.name, cell(t[0][0]), cell(t[0][1]), cell(t[1][0]), cell(t[1][1]));
+      }
+      b.settings().host_operand = host_operand_as_set;
     }
     if (decode_only || latency_only) return 0;
 

@@ -112,15 +112,6 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // The layer kernel's L2 prefetch (cp.async.bulk.prefetch.L2, sm_90+), for the default instances (1 n-tile
-  // with B ahead, 2 n-tiles lean; the others ignore it); same results bit for bit. kLayerPrefetchAhead (1): the
-  // warps keep 4 or 5 load batches (2 KB each) of their weights beyond the two their registers hold requested;
-  // kLayerPrefetchStart (2): 6 of them once, as each tile starts, before it waits for its inputs (the first
-  // wave waits ~3 us for the preparation launch at 1 row, run57). Off by default: L2 prefetch has been slower
-  // in every form measured so far (bulk, 2-16 batches ahead, on the H200: run36, also for pure reads; per lane
-  // on a full H100: run71); these two forms are not measured yet (bench_cuda --layer: rows "L2 ahead" and "L2
-  // start", with --reserve-sms 52 standing in for the H200). STRATA_CUDA_LAYER_PREFETCH=0|1|2.
-  int layer_prefetch = 0;
   // The layer kernel's gate/up operands (1 n-tile: 1-2 rows per expert) as a token table encoded on the host
   // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
   // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,

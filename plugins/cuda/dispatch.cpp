@@ -516,8 +516,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_LEAN")) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
-  settings_.layer_prefetch = env_int("STRATA_CUDA_LAYER_PREFETCH", kLayerPrefetchOff, kLayerPrefetchStart,
-                                     kLayerPrefetchOff, settings_.layer_prefetch);
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
   if (const char* v = std::getenv("STRATA_CUDA_HOST_OPERAND")) settings_.host_operand = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
@@ -1283,7 +1281,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
-  put(static_cast<uint64_t>(p.layer ? settings_.layer_prefetch : 0));
   put(p.host_operand);  // (no first preparation launch)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
@@ -1386,9 +1383,8 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);
-    const int pf = settings_.layer_prefetch;
-    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, pf, lw, on)
-                                             : launch_layer_q4row_tc(gu.nt, lean, pf, lw, on);
+    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
+                                             : launch_layer_q4row_tc(gu.nt, lean, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
                      std::to_string(gu.n_items) + " experts)");
     return;

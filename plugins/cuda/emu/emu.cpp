@@ -615,24 +615,8 @@ bool capturing(cudaStream_t s) {
 namespace strata_cuda::emu {
 
 namespace {
-std::atomic<uint64_t> g_prefetches{0};
 std::atomic<uint64_t> g_table_tiles{0};
 }  // namespace
-
-void l2_prefetch(const void* p, uint32_t bytes) {
-  if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-    die("cp.async.bulk.prefetch of a size that is not a positive multiple of 16 or a misaligned address");
-  }
-  Runtime& r = rt();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.device_allocs.upper_bound(p);
-  const auto* c = static_cast<const uint8_t*>(p);
-  if (it == r.device_allocs.begin() ||
-      c + bytes > static_cast<const uint8_t*>((--it)->first) + it->second) {
-    die("an L2 prefetch outside every device allocation");
-  }
-  g_prefetches.fetch_add(1, std::memory_order_relaxed);
-}
 
 void note_table_tile() {
   g_table_tiles.fetch_add(1, std::memory_order_relaxed);
@@ -640,10 +624,6 @@ void note_table_tile() {
 
 uint64_t table_tiles() {
   return g_table_tiles.load(std::memory_order_relaxed);
-}
-
-uint64_t prefetch_count() {
-  return g_prefetches.load(std::memory_order_relaxed);
 }
 
 int sm_version() {
@@ -922,11 +902,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) 
 
 }  // extern "C"
 
-// For test_cuda, which finds it with dlsym in the loaded plugin: the L2 prefetches the emulated kernels asked for.
-extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_prefetch_count() {
-  return strata_cuda::emu::prefetch_count();
-}
-// The same for the tiles that read a host-encoded token table.
+// For test_cuda, which finds it with dlsym in the loaded plugin: the tiles that read a host-encoded token table.
 extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_table_tiles() {
   return strata_cuda::emu::table_tiles();
 }

@@ -54,12 +54,6 @@ uint8_t* dyn_smem();
 void cp_async(void* dst, const void* src, int bytes);
 void cp_async_commit();
 void cp_async_wait(int n);  // all but the newest n committed groups
-// An L2 prefetch of a range (l2_prefetch_bulk, device_util.cuh): nothing to do on the CPU, but the hardware's
-// rules are checked (16-byte aligned, a positive multiple of 16 bytes) and the range must lie in one device
-// allocation, so a prefetch that would run past a matrix fails the emulated tests. Counted (prefetch_count) so a
-// test can see that an instance which prefetches ran.
-void l2_prefetch(const void* p, uint32_t bytes);
-uint64_t prefetch_count();
 // A tile that read a host-encoded token table (WorkItem::in_rows): counted (table_tiles), so a test can see
 // that the path it means to check ran.
 void note_table_tile();

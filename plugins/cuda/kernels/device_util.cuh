@@ -249,21 +249,6 @@ __device__ __forceinline__ void mma_s8_16832(int32_t (&d)[4], uint32_t a0, uint3
 #endif
 }
 
-// If `on`: asks the L2 for `bytes` (a positive multiple of 16) at p (16-byte aligned), not waiting for them:
-// cp.async.bulk.prefetch.L2 (sm_90+, one instruction for the range, predicated: no branch); nothing on older
-// devices.
-__device__ __forceinline__ void l2_prefetch_bulk(bool on, const void* p, uint32_t bytes) {
-#if defined(STRATA_CUDA_EMULATE)
-  if (on) emu::l2_prefetch(p, bytes);
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.bulk.prefetch.L2.global [%0], %1;\n}\n" ::"l"(p),
-      "r"(bytes), "r"(static_cast<uint32_t>(on)));
-#else
-  (void)on, (void)p, (void)bytes;
-#endif
-}
-
 // 8-byte load of streamed weights: read once, so kept out of L1 (the activations live there).
 __device__ __forceinline__ uint2 ld_stream_u2(const void* p) {
 #if defined(STRATA_CUDA_EMULATE)

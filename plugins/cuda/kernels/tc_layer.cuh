@@ -98,9 +98,7 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// PF != 0: every tile's warps ask the L2 for their weights ahead (tc_q4_tile's PF: > 0 all along, < 0 once at
-// the tile's start; opt-in, Settings::layer_prefetch).
-template <int FMT, int NT, bool LEAN = false, int PF = 0>
+template <int FMT, int NT, bool LEAN = false>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
@@ -129,7 +127,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true, PF>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -158,7 +156,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true, PF>(
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
@@ -208,20 +206,10 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN). prefetch (kLayerPrefetch*): the
-// instances whose warps prefetch their weights into the L2, built for the default modes only (1 n-tile with B
-// ahead, 2 n-tiles lean); the others ignore it.
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
 template <int FMT>
-cudaError_t launch_tc_q4_layer(int nt, bool lean, int prefetch, const LayerWork& lw, const Queue& on) {
+cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  if (prefetch == kLayerPrefetchAhead && nt == 1 && !lean)
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, kLayerPrefetch>>(lw, on);
-  if (prefetch == kLayerPrefetchAhead && nt == 2 && lean)
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, kLayerPrefetch>>(lw, on);
-  if (prefetch == kLayerPrefetchStart && nt == 1 && !lean)
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, -kLayerPrefetchStartBatches>>(lw, on);
-  if (prefetch == kLayerPrefetchStart && nt == 2 && lean)
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, -kLayerPrefetchStartBatches>>(lw, on);
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);

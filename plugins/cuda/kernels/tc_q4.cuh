@@ -62,11 +62,10 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
 // The weight pipeline of both modes: a warp's nb batches through two register buffers (wa/sa, wb/sb: weights,
 // and their Q4_G64 scales). Batches 0 and 1 are requested before waiting for the previous kernel (the
 // operand's producer; wait_inputs(), called by every warp of the block): with a dependent launch they load
-// while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s, even): the next batch into a
-// buffer (even: true for the even batches, which go to wa, false for the odd ones; constants once inlined);
-// first(): what the first batch needs besides (its B values); run(w, s, last).
+// while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s): the next batch into a
+// buffer; first(): what the first batch needs besides (its B values); run(w, s, last).
 // primed (0..2): the first batches already sit in wa (and wb), loaded by the tile before on this block (the
-// persistent layer kernel); skip_w(even) advances the pointers past one of them instead. near_end(): called once
+// persistent layer kernel); skip_w() advances the pointers past one of them instead. near_end(): called once
 // as the last two batches begin (the layer kernel takes its next ticket there).
 template <class W, class LoadW, class SkipW, class Wait, class First, class Run, class NearEnd>
 __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2], float4 (&sb)[2], LoadW&& load_w,
@@ -74,25 +73,25 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
                                             Run&& run, NearEnd&& near_end) {
   if (nb > 0) {
     if (primed > 0)
-      skip_w(true);
+      skip_w();
     else
-      load_w(wa, sa, true);
+      load_w(wa, sa);
   }
   if (nb > 1) {
     if (primed > 1)
-      skip_w(false);
+      skip_w();
     else
-      load_w(wb, sb, false);
+      load_w(wb, sb);
   }
   wait_inputs();
   if (nb <= 0) return;
   first();
   for (int bi = 0; bi < nb; bi += 2) {
     if (bi + 2 >= nb) near_end();
-    if (bi > 0 && bi + 1 < nb) load_w(wb, sb, false);  // (the first was loaded before the wait)
+    if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
     run(wa, sa, bi + 1 == nb);
     if (bi + 1 < nb) {
-      if (bi + 2 < nb) load_w(wa, sa, true);
+      if (bi + 2 < nb) load_w(wa, sa);
       run(wb, sb, bi + 2 == nb);
     }
   }
@@ -335,11 +334,9 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
-// in kTiles (the layer kernel's; see warp_slice, weight_stream). PF != 0 (exact, TIED, TILES: the layer kernel's
-// opt-in instances): each warp's lane 0 requests batches of its slice into the L2 beyond the two its registers
-// hold: PF > 0 keeps PF or PF + 1 requested all along, PF < 0 asks for -PF of them once, before the first batch.
+// in kTiles (the layer kernel's; see warp_slice, weight_stream).
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
-          int PF = 0, class Wait, class Carry = NoCarry>
+          class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -455,56 +452,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    // PF (the layer kernel's opt-in L2 prefetch; lane 0 of each warp, cp.async.bulk.prefetch.L2):
-    //  - PF > 0, even ("ahead"): before the first batch, the weights (2 KB a batch) of batches 2 .. PF - 1 and
-    //    the Q4_G64 scales (256 bytes a batch) of batches 2 .. nb - 1 (2.5 KB for a GLM-5.2 gate/up warp); then, as each even
-    //    batch i is loaded (or skipped), the weights of batches i + PF and i + PF + 1, those in the slice. While
-    //    batch b runs (the registers hold b and b + 1), PF (b even) or PF + 1 (b odd) batches beyond them are
-    //    requested. One prefetch per two batches from a running pointer and count: sm_90 takes its operands in
-    //    uniform registers, so each costs ~10 instructions (an R2UR loop that runs once); the first form (a
-    //    weight and a scale prefetch per two batches, at an index computed from the stream's pointer) added
-    //    55-63 instructions per 4 KB of weights to the main loop, this one 22-31.
-    //  - PF < 0 ("start"): before the first batch only, the weights of batches 2 .. 1 - PF and the scales of
-    //    2 .. nb - 1; nothing in the loop. Requested before the wait for the inputs, so the first wave's HBM
-    //    works while the tiles wait for the preparation launch (run57: ~3 us at 1 row, with only the two
-    //    register batches of each warp requested).
-    static_assert(PF == 0 || (kTied && TILES && (PF < 0 || PF % 2 == 0)),
-                  "L2 prefetch: the layer kernel's streams only");
-    constexpr int kPfStart = PF > 0 ? PF - 2 : -PF;  // weight batches from batch 2 requested before the first
-    constexpr int kPfAhead = PF > 0 ? PF : 0;
-    const uint8_t* pf_w = st.w0 + kPfAhead * 2 * st.w_u;  // (PF > 0, lane 0's: the next batch to prefetch)
-    int pf_left = nb - kPfAhead;                          // batches from pf_w to the slice's end
-#if defined(STRATA_CUDA_EMULATE)
-    const uint8_t* const w_first = st.w0;
-#endif
-    auto prefetch_w = [&](bool on, const uint8_t* w, int n) {  // the weights of n batches from w
-#if defined(STRATA_CUDA_EMULATE)
-      // (batches 0 and 1 are the registers'; past nb is another warp's slice or another matrix)
-      const int64_t b = (w - w_first) / (2 * st.w_u);
-      if (on && (b < 2 || n < 1 || b + n > nb)) emu::die("an L2 prefetch outside the warp's own batches");
-#endif
-      l2_prefetch_bulk(on, w, static_cast<uint32_t>(n * 2 * st.w_u));
-    };
-    if constexpr (PF != 0) {
-      const uint8_t* w2 = st.w0 + 2 * 2 * st.w_u;
-      if constexpr (kPfStart > 0) prefetch_w(lane == 0 && nb > 2, w2, imin(kPfStart, nb - 2));
-      if (kGrouped) {
-        l2_prefetch_bulk(lane == 0 && nb > 2, scale_at<kTied>(st, w2),
-                         static_cast<uint32_t>((nb - 2) * 2 * st.w_u / 8));
-      }
-    }
-    auto prefetch_ahead = [&] {  // at an even batch, before its loads
-      if constexpr (PF > 0) {
-        prefetch_w(lane == 0 && pf_left > 0, pf_w, imin(2, pf_left));
-        pf_w += 2 * 2 * st.w_u;
-        pf_left -= 2;
-      }
-    };
     // The next batch's weights and scales.
-    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2], bool even) {
-      if (even) prefetch_ahead();
-      load_i8_batch<kGrouped, kTied>(wv, sv, st);
-    };
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
@@ -545,12 +494,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     run_batches(
-        nb, R.wa, R.wb, R.sa, R.sb, load_w,
-        [&](bool even) {
-          if (even) prefetch_ahead();
-          skip_i8_batch<kGrouped, kTied>(st);
-        },
-        carry.primed(), wait_inputs,
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
@@ -630,7 +574,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2], bool) {  // the next batch's weights and scales
+    auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
@@ -674,7 +618,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     uint2 wa[U][2], wb[U][2];
     float4 sa[2] = {}, sb[2] = {};
     run_batches(
-        nb, wa, wb, sa, sb, load_w, [](bool) {}, 0, wait_inputs,
+        nb, wa, wb, sa, sb, load_w, [] {}, 0, wait_inputs,
         [&] {
           if (kAheadB) load_b(bc);
         },

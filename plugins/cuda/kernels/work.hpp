@@ -192,15 +192,8 @@ cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items
                                  const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
-// prefetch (instances for 1 n-tile with B ahead and 2 n-tiles lean, the default modes; ignored by the others):
-// kLayerPrefetchAhead: its warps keep kLayerPrefetch or kLayerPrefetch + 1 load batches (2 KB each) beyond the
-// two their registers hold requested into the L2; kLayerPrefetchStart: kLayerPrefetchStartBatches of them,
-// once, as each tile starts (before waiting for its inputs); kLayerPrefetchOff: none.
-enum : int { kLayerPrefetchOff = 0, kLayerPrefetchAhead = 1, kLayerPrefetchStart = 2 };
-constexpr int kLayerPrefetch = 4;
-constexpr int kLayerPrefetchStartBatches = 6;
-cudaError_t launch_layer_q4g64_tc(int nt, bool lean, int prefetch, const LayerWork& lw, const Queue& on);
-cudaError_t launch_layer_q4row_tc(int nt, bool lean, int prefetch, const LayerWork& lw, const Queue& on);
+cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
+cudaError_t launch_layer_q4row_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
