@@ -757,11 +757,13 @@ int main(int argc, char** argv) {
                  "device, default", "device, host op");
       for (const Scenario& sc : {scenarios[0], scenarios[1]}) {
         std::vector<double> t[2][2];  // [device][host operand]
+        // Wall times first, then device times; the settings in the order off, on, on, off, .. so that each
+        // follows each as often (an issue's time depends on the one before it: caches, the graph last used).
         for (int64_t i = 0; i < 4 * (ab_iters + 1); ++i) {
-          const int ho = static_cast<int>(i & 1), dev = static_cast<int>((i >> 1) & 1);
+          const int dev = i >= 2 * (ab_iters + 1) ? 1 : 0, ho = static_cast<int>(((i + 1) >> 1) & 1);
           b.settings().host_operand = ho != 0;
           idle(sc);
-          Group& g = gs[static_cast<size_t>((i >> 2) % small)];
+          Group& g = gs[static_cast<size_t>((i >> 1) % small)];
           const auto n = static_cast<int32_t>(g.tasks.size());
           double us = 0;
           if (dev != 0) {
@@ -771,7 +773,7 @@ int main(int argc, char** argv) {
             b.take(b.issue(x.data(), 1, H, n, g.tasks.data()));
             us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
           }
-          if (i >= 4) t[dev][ho].push_back(us);
+          if (i % (2 * (ab_iters + 1)) >= 2) t[dev][ho].push_back(us);
         }
         fmt::print("{:<40}{}{}{}{}\n", sc.name, cell(t[0][0]), cell(t[0][1]), cell(t[1][0]), cell(t[1][1]));
       }
