@@ -708,6 +708,15 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::microseconds(sc.warm_us));
         }
       };
+      // One layer's group: the wall time from its issue to the take's return, or (device) its launches' time
+      // between events; us.
+      auto one = [&](Group& g, bool device) {
+        const auto n = static_cast<int32_t>(g.tasks.size());
+        if (device) return b.time_expert_group(x.data(), 1, H, n, g.tasks.data(), 1).at(0) * 1e3;
+        const auto a = std::chrono::steady_clock::now();
+        b.take(b.issue(x.data(), 1, H, n, g.tasks.data()));
+        return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
+      };
       auto cell = [](std::vector<double> t) {
         std::sort(t.begin(), t.end());
         return fmt::format(" {:>19}", fmt::format("{:.1f} ({:.1f})", t[t.size() / 2], t[t.size() * 9 / 10]));
@@ -725,16 +734,7 @@ int main(int argc, char** argv) {
           std::vector<double> t;
           for (int64_t i = 0; i <= iters; ++i) {
             idle(sc);
-            Group& g = gs[static_cast<size_t>(i % c.n_layers)];
-            const auto n = static_cast<int32_t>(g.tasks.size());
-            double us = 0;
-            if (c.device) {
-              us = b.time_expert_group(x.data(), 1, H, n, g.tasks.data(), 1).at(0) * 1e3;
-            } else {
-              const auto a = std::chrono::steady_clock::now();
-              b.take(b.issue(x.data(), 1, H, n, g.tasks.data()));
-              us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
-            }
+            const double us = one(gs[static_cast<size_t>(i % c.n_layers)], c.device);
             if (i > 0) t.push_back(us);
           }
           cells += cell(t);
@@ -763,16 +763,7 @@ int main(int argc, char** argv) {
           const int dev = i >= 2 * (ab_iters + 1) ? 1 : 0, ho = static_cast<int>(((i + 1) >> 1) & 1);
           b.settings().host_operand = ho != 0;
           idle(sc);
-          Group& g = gs[static_cast<size_t>((i >> 1) % small)];
-          const auto n = static_cast<int32_t>(g.tasks.size());
-          double us = 0;
-          if (dev != 0) {
-            us = b.time_expert_group(x.data(), 1, H, n, g.tasks.data(), 1).at(0) * 1e3;
-          } else {
-            const auto a = std::chrono::steady_clock::now();
-            b.take(b.issue(x.data(), 1, H, n, g.tasks.data()));
-            us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
-          }
+          const double us = one(gs[static_cast<size_t>((i >> 1) % small)], dev != 0);
           if (i % (2 * (ab_iters + 1)) >= 2) t[dev][ho].push_back(us);
         }
         fmt::print("{:<40}{}{}{}{}\n", sc.name, cell(t[0][0]), cell(t[0][1]), cell(t[1][0]), cell(t[1][1]));
