@@ -116,8 +116,9 @@ struct Settings {
   // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
   // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,
   // so the same bits. Only for calls using at most kHostOperandMaxRows rows of x (dispatch.cpp: the host's
-  // encoding, ~1.9 us per row of 6144 here, grows with them). Not measured yet on a GPU (bench_cuda --layer:
-  // row "host op"; and what it does to an issue's wall time, bench_cuda --latency). STRATA_CUDA_HOST_OPERAND=1.
+  // encoding, ~1.9 us per row of 6144 here, grows with them). Off: on an H100 the device time is unchanged
+  // (run98: the first wave starts ~2 us sooner, but the gate/up tiles, all reading one table, run ~2 us longer,
+  // run99); the issue -> take wall time's A/B (bench_cuda --latency) is not settled. STRATA_CUDA_HOST_OPERAND=1.
   bool host_operand = false;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
