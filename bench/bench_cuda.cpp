@@ -509,7 +509,6 @@ int main(int argc, char** argv) {
         int min_rows, max_rows;
         bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
         bool host_operand = false;  // Settings::host_operand (or the default's)
-        int split = -1;             // Settings::layer_split (-1: the default's)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
       // the default, A/B in every run; "lean": its instances with one block more per SM
@@ -517,7 +516,6 @@ int main(int argc, char** argv) {
       const int persistent_default = b.settings().layer_persistent;
       const int lean_default = b.settings().layer_lean;
       const bool host_operand_default = b.settings().host_operand;
-      const int split_default = b.settings().layer_split;
       // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
       const bool pdl_default = b.settings().pdl;
       const int pd = persistent_default;
@@ -536,11 +534,6 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true},
           {"tensor cores, exact, host op", 0, false, true, true, true, pd, ld, 1, 2, false, true},
-          // the last N experts' down tiles split (STRATA_CUDA_LAYER_SPLIT; 1 n-tile: 1-2 rows)
-          {"tensor cores, exact, split 1", 0, false, true, true, true, pd, ld, 1, 2, false, false, 1},
-          {"tensor cores, exact, split 2", 0, false, true, true, true, pd, ld, 1, 2, false, false, 2},
-          {"tensor cores, exact, split 4", 0, false, true, true, true, pd, ld, 1, 2, false, false, 4},
-          {"tensor cores, exact, split 8", 0, false, true, true, true, pd, ld, 1, 2, false, false, 8},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -559,12 +552,10 @@ int main(int argc, char** argv) {
         b.settings().layer_lean = v.lean;
         if (v.host_operand && host_operand_default) continue;  // (the same as the default row)
         b.settings().host_operand = v.host_operand || host_operand_default;
-        if (v.split >= 0 && v.split == split_default) continue;  // (the same as the default row)
-        b.settings().layer_split = v.split >= 0 ? v.split : split_default;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows < v.min_rows || rows > v.max_rows ||
-              (quick && (v.simt || (v.max_rows == 2 && !v.host_operand && v.split < 0))))
-            continue;  // A/B rows: full runs only (the host operand's and the splits', 1-2 rows, in both)
+              (quick && (v.simt || (v.max_rows == 2 && !v.host_operand))))
+            continue;  // A/B rows: full runs only (the host operand's, which applies to 1-2 rows, in both)
           // (own tokens: expert e of a layer reads tokens e * rows .. e * rows + rows - 1 of x)
           const int x_rows = v.distinct ? rows * layer_experts : rows;
           std::vector<float> x(static_cast<size_t>(x_rows * H));
@@ -594,7 +585,6 @@ int main(int argc, char** argv) {
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;
       b.settings().host_operand = host_operand_default;
-      b.settings().layer_split = split_default;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }

@@ -120,11 +120,6 @@ struct Settings {
   // (run98: the first wave starts ~2 us sooner, but the gate/up tiles, all reading one table, run ~2 us longer,
   // run99); the issue -> take wall time's A/B (bench_cuda --latency) is not settled. STRATA_CUDA_HOST_OPERAND=1.
   bool host_operand = false;
-  // The layer kernel's last down tiles as split tiles (LayerWork::split_items): the down tiles of the last N
-  // experts of a group run as 16-row tiles in 4 K slices (a quarter of the time each, the same bits: each
-  // slice's per-group terms are added in one chain, as one warp adds them), so that the launch's last wave
-  // ends more evenly. 0: none. Only for down matrices of K <= 2048. STRATA_CUDA_LAYER_SPLIT=N.
-  int layer_split = 0;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
@@ -199,7 +194,6 @@ class CudaBackend {
   void stage(Slot& s, const Plan& p);      // inputs to the device (pinned head copy, host weights)
   void copy_head(Slot& s, const Plan& p);  // the pinned head to the device (in stage)
   void launch_signature(std::string& k, const Plan& p) const;  // the graph cache's key (launch_graph)
-  int layer_split_for(const Plan& p) const;  // LayerWork::split_items (Settings::layer_split)
   void launch(Slot& s, const Plan& p);  // the kernels: replayed as a CUDA graph when possible
   void launch_direct(Slot& s, const Plan& p);
   bool launch_graph(Slot& s, const Plan& p);

@@ -517,7 +517,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  settings_.layer_split = env_int("STRATA_CUDA_LAYER_SPLIT", 0, 1 << 20, 0, settings_.layer_split);
   if (const char* v = std::getenv("STRATA_CUDA_HOST_OPERAND")) settings_.host_operand = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
@@ -1267,18 +1266,6 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
   }
 }
 
-// Settings::layer_split for a plan on the layer kernel: at most its experts; none at 2 n-tiles (those instances
-// have no split tiles) or when a down matrix has more than kSplitMaxGroups groups of K (the split tiles' shared
-// memory holds that many).
-int CudaBackend::layer_split_for(const Plan& p) const {
-  if (!p.layer || settings_.layer_split <= 0 || p.launches[0].nt != 1) return 0;
-  const LaunchSpec& dn = p.launches[1];
-  for (int i = 0; i < dn.n_items; ++i) {
-    if (p.items[dn.first_item + static_cast<uint64_t>(i)].w0.dm.kp / kColPad > kSplitMaxGroups) return 0;
-  }
-  return std::min(settings_.layer_split, dn.n_items);
-}
-
 // What a plan's launches depend on besides the contents of the slot's buffers: with the same signature on the
 // same slot (same `dev`), the same kernels run with the same arguments. Written into k (the slot's, so that
 // its memory is reused).
@@ -1296,7 +1283,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(p.host_operand);  // (no first preparation launch)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(static_cast<uint64_t>(layer_split_for(p)));                   // (its tickets)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1394,7 +1380,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
     lw.max_sms = settings_.layer_sms;
-    lw.split_items = layer_split_for(p);
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);
@@ -1664,12 +1649,7 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     if (timeline != nullptr) timeline->clear();
     if (timeline != nullptr && p.layer) {
       const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
-      LayerWork lw{};  // (the launch's tickets)
-      lw.n_items = gu.n_items;
-      lw.gu_tiles = gu.grid_x;
-      lw.dn_tiles = dn.grid_x;
-      lw.split_items = layer_split_for(p);
-      const int64_t n = layer_tickets(lw);
+      const int64_t n = static_cast<int64_t>(gu.n_items) * (gu.grid_x + dn.grid_x);
       const size_t bytes = static_cast<size_t>(n) * kTimelineWords * sizeof(uint64_t);
       STRATA_CK(cudaMalloc(&timeline_dev_, bytes), "cudaMalloc of the layer timeline");
       STRATA_CK(cudaMemset(timeline_dev_, 0, bytes), "clearing the layer timeline");

@@ -1029,34 +1029,22 @@ TEST_CASE(
                          // the gate/up operands as a token table encoded on the host (1 n-tile)
                          {{"STRATA_CUDA_HOST_OPERAND", "1"}},
                          {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
-                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
-                         // the last experts' down tiles as split tiles (16 rows in 4 K slices; 1 n-tile): of
-                         // every expert, of the last one, persistent or not, with the host's operand
-                         {{"STRATA_CUDA_LAYER_SPLIT", "8"}},
-                         {{"STRATA_CUDA_LAYER_SPLIT", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
-                         {{"STRATA_CUDA_LAYER_SPLIT", "8"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
-                         {{"STRATA_CUDA_LAYER_SPLIT", "2"}, {"STRATA_CUDA_HOST_OPERAND", "1"}}};
-    // The emulation counts the tiles that read a host-encoded token table (STRATA_CUDA_HOST_OPERAND) and the
-    // split down tiles (STRATA_CUDA_LAYER_SPLIT): they must have run where asked for, and only there. (Not from
-    // the environment this runs in: the modes set it.)
+                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+    // The emulation counts the tiles that read a host-encoded token table (STRATA_CUDA_HOST_OPERAND): they must
+    // have run where asked for, and only there. (Not from the environment this runs in: the modes set it.)
     ::unsetenv("STRATA_CUDA_HOST_OPERAND");
-    ::unsetenv("STRATA_CUDA_LAYER_SPLIT");
     auto* table_tiles = emu_hook<uint64_t()>(rec, "strata_cuda_emu_table_tiles");
-    auto* split_tiles = emu_hook<uint64_t()>(rec, "strata_cuda_emu_split_tiles");
     for (const Env& env : modes) {
       std::string mode;
-      bool table = false, split = false;
+      bool table = false;
       for (const auto& [var, value] : env) {
         mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
         table = table || std::string(var) == "STRATA_CUDA_HOST_OPERAND";
-        split = split || std::string(var) == "STRATA_CUDA_LAYER_SPLIT";
       }
       CAPTURE(mode);
       const uint64_t tables_before = table_tiles != nullptr ? table_tiles() : 0;
-      const uint64_t splits_before = split_tiles != nullptr ? split_tiles() : 0;
       gpu_case_layer(rec, env);
       if (table_tiles != nullptr) CHECK((table_tiles() > tables_before) == table);
-      if (split_tiles != nullptr) CHECK((split_tiles() > splits_before) == split);
     }
   }
 }

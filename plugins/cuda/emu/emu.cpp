@@ -615,15 +615,15 @@ bool capturing(cudaStream_t s) {
 namespace strata_cuda::emu {
 
 namespace {
-std::atomic<uint64_t> g_noted[kNoteKinds]{};
+std::atomic<uint64_t> g_table_tiles{0};
 }  // namespace
 
-void note_tile(int what) {
-  g_noted[what].fetch_add(1, std::memory_order_relaxed);
+void note_table_tile() {
+  g_table_tiles.fetch_add(1, std::memory_order_relaxed);
 }
 
-uint64_t tiles_noted(int what) {
-  return g_noted[what].load(std::memory_order_relaxed);
+uint64_t table_tiles() {
+  return g_table_tiles.load(std::memory_order_relaxed);
 }
 
 int sm_version() {
@@ -902,11 +902,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) 
 
 }  // extern "C"
 
-// For test_cuda, which finds them with dlsym in the loaded plugin: the tiles that read a host-encoded token
-// table, and the layer kernel's split down tiles that ran.
+// For test_cuda, which finds it with dlsym in the loaded plugin: the tiles that read a host-encoded token table.
 extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_table_tiles() {
-  return strata_cuda::emu::tiles_noted(strata_cuda::emu::kNoteTable);
-}
-extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_split_tiles() {
-  return strata_cuda::emu::tiles_noted(strata_cuda::emu::kNoteSplit);
+  return strata_cuda::emu::table_tiles();
 }

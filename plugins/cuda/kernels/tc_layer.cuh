@@ -1,10 +1,8 @@
 // The layer kernel: an expert group's gate/up tiles and down tiles (exact mode, tensor cores) in one launch.
 // Each block takes a ticket (an atomic counter) and with it its work, in order: every gate/up tile of item 0,
-// of item 1, .., then every down tile of item 0, 1, .. (the last LayerWork::split_items items' down tiles, at
-// 1 n-tile, as split tiles: 16 rows in 4 K slices, 4 tickets for each, so the launch's last wave is of tiles a
-// quarter as long; tc_q4_tile's SPLIT gives them the whole tiles' bits). The down operand's group G (h
-// columns 64 G ..) needs the 4 gate/up tiles of rows 64 G ..: the last of them to finish encodes it
-// (encode_i8_unit, as the preparation pass does) and counts it; an item's down blocks load their first weights, then wait until all
+// of item 1, .., then every down tile of item 0, 1, ... The down operand's group G (h columns 64 G ..) needs
+// the 4 gate/up tiles of rows 64 G ..: the last of them to finish encodes it (encode_i8_unit, as the
+// preparation pass does) and counts it; an item's down blocks load their first weights, then wait until all
 // of its groups are counted. So the down tiles of the first experts run while the last gate/up tiles still
 // do, with no kernel boundary, preparation launch or wave tail between the two passes; every tile's
 // arithmetic is tc_q4_tile's, so the results equal the separate launches' bit for bit. Every matrix of a
@@ -34,41 +32,18 @@
 
 namespace strata_cuda {
 
-// Ticket t's tile: its kind, item (gate/up: 0 ..; down: 0 .., the index of its gate/up item) and tile of the
-// item (split: 16-row tiles; only at 1 n-tile, see tc_q4_layer_kernel).
-enum : int { kLayerGateUp, kLayerDown, kLayerSplit, kLayerNone };
-struct LayerTile {
-  int kind, item, tile;
-};
-template <int NT>
-__device__ __forceinline__ LayerTile layer_tile(const LayerWork& lw, int t) {
+// The first two batches of the tile of ticket t into r (none past the last ticket or past its item's rows);
+// how many.
+template <int FMT>
+__device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return {kLayerGateUp, i, t - i * lw.gu_tiles};
+    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
   }
-  int d = t - n_gu;
-  const int n_whole = NT == 1 ? lw.n_items - lw.split_items : lw.n_items;
-  if (NT > 1 || d < n_whole * lw.dn_tiles) {
-    const int i = d / lw.dn_tiles;
-    return {i < lw.n_items ? kLayerDown : kLayerNone, i, d - i * lw.dn_tiles};
-  }
-  d -= n_whole * lw.dn_tiles;
-  const int per = lw.dn_tiles * kTcLinearTiles, i = n_whole + d / per;
-  return {i < lw.n_items ? kLayerSplit : kLayerNone, i, d - (i - n_whole) * per};
-}
-
-// The first two batches of the tile of ticket t into r (none past the last ticket or past its item's rows);
-// how many.
-template <int FMT, int NT>
-__device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
-  const LayerTile k = layer_tile<NT>(lw, t);
-  if (k.kind == kLayerGateUp) return prime_i8_tile<FMT, true>(lw.items[k.item], k.tile, r);
-  if (k.kind == kLayerDown) return prime_i8_tile<FMT, false>(lw.items[lw.n_items + k.item], k.tile, r);
-  if constexpr (NT == 1) {
-    if (k.kind == kLayerSplit) return prime_i8_tile<FMT, false, true>(lw.items[lw.n_items + k.item], k.tile, r);
-  }
-  return 0;
+  const int d = t - n_gu, i = d / lw.dn_tiles;
+  if (i >= lw.n_items) return 0;
+  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
 }
 
 // Ticket t's timeline record from the times noted in shared memory (thread 0, as the tile ends; out of line, so
@@ -87,7 +62,7 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-template <int FMT, int NT>
+template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
   const LayerWork& lw;
@@ -108,7 +83,7 @@ struct LayerCarry {
   __device__ __forceinline__ void refill() {
     if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
     next_all = *s_next;
-    primed_ = prime_layer_tile<FMT, NT>(lw, next_all, r);
+    primed_ = prime_layer_tile<FMT>(lw, next_all, r);
   }
   __device__ __forceinline__ void skip() {  // a tile past its item's rows (a narrower item than the widest)
     before_stage();  // (near_end was never reached)
@@ -129,7 +104,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
   constexpr bool kAheadB = !LEAN;
   grid_dep_launch();
   __shared__ int s_ticket, s_last;
-  const int n_all = NT == 1 ? layer_tickets(lw) : lw.n_items * (lw.gu_tiles + lw.dn_tiles);
+  const int n_gu = lw.n_items * lw.gu_tiles;
+  const int n_all = n_gu + lw.n_items * lw.dn_tiles;
   const int n_grp = (lw.gu_tiles + 3) / 4;          // 64-row groups of h per item (the widest item's)
   int32_t* groups_ready = lw.sync + 1;              // per item: its down operand's groups encoded
   int32_t* tiles_done = lw.sync + 1 + lw.n_items;   // per item and group: gate/up tiles finished
@@ -148,10 +124,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    LayerCarry<FMT, NT> carry{lw, regs, primed, &s_ticket, -1, n_all};
-    const LayerTile k = layer_tile<NT>(lw, t);
-    if (k.kind == kLayerGateUp) {
-      const int i = k.item, bx = k.tile, grp = bx / 4;
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
+    if (t < n_gu) {
+      const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
       tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
           lw.items[i], bx,
           [&] {
@@ -179,22 +154,19 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
         if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
       }
     } else {
-      const int i = k.item;
+      const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      auto wait = [&] {
-        grid_dep_wait();
-        if (threadIdx.x == 0) {
-          while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
-        }
-        __syncthreads();
-        mark(kTimelineInputs);
-      };
-      if (NT > 1 || k.kind == kLayerDown) {
-        tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(lw.items[lw.n_items + i], k.tile, wait, carry);
-      } else if constexpr (NT == 1) {  // (split tiles at 1 n-tile only: lw.split_items is 0 at 2)
-        tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true, true>(lw.items[lw.n_items + i], k.tile, wait,
-                                                                         carry);
-      }
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(
+          lw.items[lw.n_items + i], bx,
+          [&] {
+            grid_dep_wait();
+            if (threadIdx.x == 0) {
+              while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
+            }
+            __syncthreads();
+            mark(kTimelineInputs);
+          },
+          carry);
     }
     if (lw.timeline != nullptr && threadIdx.x == 0) write_timeline(lw, t, s_times);
     t = carry.next_all;
@@ -229,7 +201,7 @@ int layer_blocks(int tiles, int max_sms) {
 
 template <auto kernel>
 cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
-  const int tiles = layer_tickets(lw);
+  const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
   const int blocks = lw.persistent ? layer_blocks<kernel>(tiles, lw.max_sms) : tiles;
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }

@@ -104,13 +104,9 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
 // |c| <= 64 * 128 * 128 = 2^20, so a plane pair's c[0] + 256 c[1] < 2^29 in int32 (one conversion instead of
 // two: sm_90, 2 instructions less per group and n-tile, half the accumulators); the multiplier times the scale
 // is exact (a power of 2). The narrow kernels' units and the wide kernels' last groups run this.
-// i8_group_terms: the same without the addition, each row's factor f and converted sum v (acc = fmaf(f, v, acc)).
-struct I8Terms {
-  float f0, v0, f1, v1;  // rows g, g + 8
-};
 template <bool kGrouped>
-__device__ __forceinline__ I8Terms i8_group_terms(const uint4 (&w)[2], int k, uint4 bv, uint32_t magic, float sg,
-                                                  float sh, float mult) {
+__device__ __forceinline__ void i8_group(const uint4 (&w)[2], int k, uint4 bv, uint32_t magic, float sg, float sh,
+                                         float mult, float& acc_g, float& acc_h) {
   int32_t c[4];
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
@@ -127,14 +123,8 @@ __device__ __forceinline__ I8Terms i8_group_terms(const uint4 (&w)[2], int k, ui
   }
   const float f0 = kGrouped ? sg * mult : mult;
   const float f1 = kGrouped ? sh * mult : mult;
-  return {f0, static_cast<float>(c[0] + 256 * c[1]), f1, static_cast<float>(c[2] + 256 * c[3])};
-}
-template <bool kGrouped>
-__device__ __forceinline__ void i8_group(const uint4 (&w)[2], int k, uint4 bv, uint32_t magic, float sg, float sh,
-                                         float mult, float& acc_g, float& acc_h) {
-  const I8Terms e = i8_group_terms<kGrouped>(w, k, bv, magic, sg, sh, mult);
-  acc_g = fmaf(e.f0, e.v0, acc_g);
-  acc_h = fmaf(e.f1, e.v1, acc_h);
+  acc_g = fmaf(f0, static_cast<float>(c[0] + 256 * c[1]), acc_g);
+  acc_h = fmaf(f1, static_cast<float>(c[2] + 256 * c[3]), acc_h);
 }
 
 // One warp's share of tile bx of a work item: its matrix, its two rows (g, g + 8 of its 16-row tile; rows past
@@ -142,11 +132,10 @@ __device__ __forceinline__ void i8_group(const uint4 (&w)[2], int k, uint4 bv, u
 // [g_first, n_groups), whole batches of U. Depends on the shape only. false: the tile is past the item's rows
 // (the whole block).
 // The block's 4 warps: kParts parts x KS K slices. gate/up: one 16-row tile, part = matrix (gate, up), 2
-// slices; linear: kTcLinearTiles 16-row tiles, part = tile; linear SPLIT (the layer kernel's last down tiles):
-// one 16-row tile in 4 K slices, added in the order of one warp's chain (see tc_q4_tile).
-template <bool GATE_UP, bool SPLIT = false>
+// slices; linear: kTcLinearTiles 16-row tiles, part = tile.
+template <bool GATE_UP>
 struct TileShape {
-  static constexpr int kParts = GATE_UP ? 2 : SPLIT ? 1 : kTcLinearTiles;
+  static constexpr int kParts = GATE_UP ? 2 : kTcLinearTiles;
   static constexpr int KS = kTcWarps / kParts;
   static constexpr int U = 4;  // 64-column groups per load batch
   static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
@@ -176,9 +165,9 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
     ws.rows[1] = imin(tb + g + 8, rows_out - 1);
   }
 }
-template <bool GATE_UP, bool TILES = false, bool SPLIT = false>
+template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
-  using Sh = TileShape<GATE_UP, SPLIT>;
+  using Sh = TileShape<GATE_UP>;
   const int rows_out = it.w0.rows;
   ws.part = warp / Sh::KS;
   ws.m0 = bx * (GATE_UP ? kTcRowsPerBlock : Sh::kParts * kTcRowsPerBlock);
@@ -302,14 +291,14 @@ struct I8Regs {
 };
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
 // (The layer kernel's: exact, up to 2 n-tiles, resident tiles, so its scales are TIED and its strides TILES.)
-template <int FMT, bool GATE_UP, bool SPLIT = false>
+template <int FMT, bool GATE_UP>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, true, SPLIT>(it, bx, warp, lane >> 2, ws)) return 0;
+  if (!warp_slice<GATE_UP, true>(it, bx, warp, lane >> 2, ws)) return 0;
   constexpr bool kGrouped = FMT == kQ4G64;
   WeightStream st = weight_stream<kGrouped, true, true>(ws, lane & 3);
-  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP, SPLIT>::U;
+  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
   if (nb > 0) load_i8_batch<kGrouped, true>(r.wa, r.sa, st);
   if (nb > 1) load_i8_batch<kGrouped, true>(r.wb, r.sb, st);
   return imin(nb, 2);
@@ -339,16 +328,6 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
   }
 }
 
-// SPLIT tiles' terms (tc_q4_tile): [group][n-tile][row g, g + 8][lane] (factor, converted sum); 16 KB a block
-// at 1 n-tile, 32 KB at 2, in the kernels that run such tiles only (the layer kernel).
-template <int NT>
-using SplitTerms = float2[kSplitMaxGroups][NT][2][32];
-template <int NT>
-__device__ __forceinline__ SplitTerms<NT>& split_terms() {
-  __shared__ SplitTerms<NT> terms;
-  return terms;
-}
-
 // One block's work: tile(s) bx of item `it`. wait_inputs() returns once the operand (and anything else an
 // earlier launch or block writes) may be read; every warp calls it once (block-uniformly: it may hold a
 // barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
@@ -356,31 +335,25 @@ __device__ __forceinline__ SplitTerms<NT>& split_terms() {
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
 // in kTiles (the layer kernel's; see warp_slice, weight_stream).
-// SPLIT (linear, exact, matrices of at most kSplitMaxGroups groups; the layer kernel's last down tiles): one
-// 16-row tile in 4 K slices, a quarter of a linear block's time. The same bits as the whole tile's: each warp
-// notes, per group, every accumulator's factor and converted sum (i8_group_terms) in shared memory instead of
-// adding them, and after a barrier one chain per accumulator adds them over all the groups in order, as the
-// one warp of a whole tile does (acc = fmaf(f, v, acc) from 0).
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
-          bool SPLIT = false, class Wait, class Carry = NoCarry>
+          class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
   constexpr bool kI8 = S == kI8Splits;
   static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
-  static_assert(!SPLIT || (kI8 && !GATE_UP && NT <= 2), "split tiles: exact linear, up to 2 n-tiles");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  constexpr int kParts = TileShape<GATE_UP, SPLIT>::kParts;
-  constexpr int KS = TileShape<GATE_UP, SPLIT>::KS;
-  constexpr int U = TileShape<GATE_UP, SPLIT>::U;
+  constexpr int kParts = TileShape<GATE_UP>::kParts;
+  constexpr int KS = TileShape<GATE_UP>::KS;
+  constexpr int U = TileShape<GATE_UP>::U;
   constexpr bool kGrouped = FMT == kQ4G64;
 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, TILES, SPLIT>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
+  if (!warp_slice<GATE_UP, TILES>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
     carry.skip();
     return;
   }
@@ -388,10 +361,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int kp = it.w0.kp;
   const int n_groups_all = ws.n_groups_all;
   const int g_first = ws.g_first, n_groups = ws.n_groups;
-#if defined(STRATA_CUDA_EMULATE)
-  if (SPLIT && n_groups_all > kSplitMaxGroups) emu::die("a split tile of more than kSplitMaxGroups groups");
-  if (SPLIT && threadIdx.x == 0) emu::note_tile(emu::kNoteSplit);
-#endif
   constexpr bool kTied = kTiedScales<S, NT>;
   static_assert(kTied || !std::decay_t<Carry>::kOn, "the layer kernel's first batches are loaded TIED");
   WeightStream st = weight_stream<kGrouped, kTied, TILES>(ws, q);
@@ -420,7 +389,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       mp = reinterpret_cast<const float*>(tab + static_cast<int64_t>(it.in_zero) * kI8Planes * kp) +
            static_cast<int64_t>(row_m) * n_groups_all;
 #if defined(STRATA_CUDA_EMULATE)
-      if (threadIdx.x == 0) emu::note_tile(emu::kNoteTable);
+      if (threadIdx.x == 0) emu::note_table_tile();
 #endif
     }
   }
@@ -469,7 +438,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     const float* mnext = mp + g_first;
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
-    int g_unit = g_first;  // SPLIT: the next unit's first group
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
     // of its group k (rows g, g + 8); b(t, k) the B values of n-tile t for group k's two k-steps; mult[t][k];
     // `two`: both groups exist.
@@ -480,16 +448,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           if (k == 1 && !two) break;  // warp-uniform
-          if constexpr (SPLIT) {
-            const I8Terms e = i8_group_terms<kGrouped>(w, k, b(t, k), magic, sg[k], sh[k], mult[t][k]);
-            split_terms<NT>()[g_unit + k][t][0][lane] = make_float2(e.f0, e.v0);
-            split_terms<NT>()[g_unit + k][t][1][lane] = make_float2(e.f1, e.v1);
-          } else {
-            i8_group<kGrouped>(w, k, b(t, k), magic, sg[k], sh[k], mult[t][k], acc[t][0], acc[t][2]);
-          }
+          i8_group<kGrouped>(w, k, b(t, k), magic, sg[k], sh[k], mult[t][k], acc[t][0], acc[t][2]);
         }
       }
-      g_unit += 2;  // (past a last half unit: unused)
     };
     // The next batch's weights and scales.
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
@@ -679,26 +640,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   constexpr int kCols = NT * 8 + 1;
   __shared__ float stage[kTcWarps][16][kCols];
   carry.before_stage();
-  if constexpr (SPLIT) {
-    // Every group's terms noted: accumulator (n-tile t, row g + 8 r) of lane L is chained by lane L of warp
-    // 2 t + r, over the groups in order, as one warp's i8_group calls would add them.
-    __syncthreads();
-    carry.refill();
-    if (warp < 2 * NT) {
-      const int t = warp >> 1, r = warp & 1;
-      float a = 0.0f;
-      for (int gi = 0; gi < n_groups_all; ++gi) {
-        const float2 e = split_terms<NT>()[gi][t][r][lane];
-        a = fmaf(e.x, e.y, a);
-      }
-      stage[0][g + 8 * r][t * 4 + q] = a;
-    }
-  }
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    if constexpr (SPLIT) {
-      break;  // (staged above)
-    } else if constexpr (kI8) {  // plane pair q % 2 of token 2 t + q / 2: column 4 t + q
+    if constexpr (kI8) {  // plane pair q % 2 of token 2 t + q / 2: column 4 t + q
       stage[warp][g][t * 4 + q] = acc[t][0];
       stage[warp][g + 8][t * 4 + q] = acc[t][2];
     } else {
@@ -709,12 +653,12 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     }
   }
   __syncthreads();
-  if constexpr (!SPLIT) carry.refill();
-  // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K (SPLIT: chained above).
+  carry.refill();
+  // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K.
   auto total = [&](int m, int i, int c) {
     float v = stage[m * KS][i][c];
 #pragma unroll
-    for (int w = 1; w < (SPLIT ? 1 : KS); ++w) v += stage[m * KS + w][i][c];
+    for (int w = 1; w < KS; ++w) v += stage[m * KS + w][i][c];
     if (!kGrouped) {
       v *= GATE_UP ? __ldg((m == 0 ? it.w0.scales : it.w1.scales) + imin(m0 + i, rows_out - 1))
                    : __ldg(it.w0.scales + imin(m0 + 16 * m + i, rows_out - 1));

@@ -112,10 +112,6 @@ struct LayerWork {
                            // item its down operand's groups encoded, per item and 64-row group of h its
                            // gate/up tiles done
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
-  // The last split_items items' down tiles run as split tiles (tc_q4_tile's SPLIT: 16 rows in 4 K slices, 4
-  // tickets per down tile), so the launch's last wave is of shorter tiles; their matrices have at most
-  // kSplitMaxGroups groups of K. 0: none.
-  int32_t split_items;
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
@@ -134,14 +130,6 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimel
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
 constexpr int kTcLinearTiles = 4;
-// The layer kernel's split down tiles (LayerWork::split_items): for matrices of at most this many 64-column
-// groups (K <= 2048: a GLM-5.2 or DeepSeek-V3 down matrix), their terms' shared memory (tc_q4.cuh).
-constexpr int kSplitMaxGroups = 32;
-// The layer kernel's tickets (tiles): every gate/up tile, the whole down tiles, then the split ones.
-__host__ __device__ inline int32_t layer_tickets(const LayerWork& lw) {
-  return lw.n_items * lw.gu_tiles + (lw.n_items - lw.split_items) * lw.dn_tiles +
-         lw.split_items * lw.dn_tiles * kTcLinearTiles;
-}
 // The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 rows of gate
 // and of up, or 128 rows of a linear matrix.
 constexpr int kWideNt = 8;
@@ -202,7 +190,7 @@ cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items
                                  const Queue& on);
 cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on);
-// The layer kernel (exact mode, nt 1 or 2): layer_tickets(lw) tiles.
+// The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
 cudaError_t launch_layer_q4row_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
