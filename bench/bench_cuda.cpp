@@ -31,7 +31,6 @@
 #include <thread>
 
 #include "cuda_backend.hpp"
-#include "host_operand.hpp"
 #include "kernels/work.hpp"  // launch_hold
 #include "sm_reserve.hpp"
 
@@ -286,50 +285,6 @@ double copy_bandwidth_gbs(int device, size_t bytes) {
 
 }  // namespace
 
-// --host-operand: the host's time to encode the token table of n rows of x (Settings::host_operand; every
-// row used), against the memcpy of the same rows as f32 that staging does otherwise, into a buffer of the
-// pinned head's size. Medians of `reps`; no device involved.
-int bench_host_operand(int reps) {
-  fmt::print("host operand: the token table (4 int8 digit planes + multipliers per row) encoded on the host, "
-             "against the f32 copy of x it replaces; medians of {}\n",
-             reps);
-  fmt::print("{:>7} {:>5} {:>12} {:>10} {:>12} {:>12} {:>10}\n", "hidden", "rows", "encode us", "ns/value",
-             "portable us", "copy x us", "table KB");
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const int64_t hidden : {6144, 7168}) {
-    for (const int64_t n : {1, 4, 16, 64}) {
-      std::vector<float> x(static_cast<size_t>(n * hidden));
-      for (auto& v : x) v = nd(rng);
-      const int64_t kp = (hidden + 63) / 64 * 64;
-      std::vector<uint8_t> tab(strata_cuda::token_table_bytes(n, kp)), copy(x.size() * 4);
-      std::vector<double> enc, portable, cp;
-      using Clock = std::chrono::steady_clock;
-      auto us = [](Clock::time_point a, Clock::time_point b) {
-        return std::chrono::duration<double, std::micro>(b - a).count();
-      };
-      for (int r = 0; r < reps; ++r) {
-        const auto t0 = Clock::now();
-        strata_cuda::encode_token_table(x.data(), hidden, hidden, kp, nullptr, n, tab.data());
-        const auto t1 = Clock::now();
-        strata_cuda::encode_token_table_as(x.data(), hidden, hidden, kp, nullptr, n, tab.data(),
-                                           strata_cuda::TableCode::kScalar);
-        const auto t2 = Clock::now();
-        std::memcpy(copy.data(), x.data(), copy.size());
-        const auto t3 = Clock::now();
-        enc.push_back(us(t0, t1));
-        portable.push_back(us(t1, t2));
-        cp.push_back(us(t2, t3));
-      }
-      const double e = median(enc);
-      fmt::print("{:>7} {:>5} {:>12.2f} {:>10.2f} {:>12.2f} {:>12.2f} {:>10.1f}\n", hidden, n, e,
-                 e * 1e3 / static_cast<double>(n * hidden), median(portable), median(cp),
-                 static_cast<double>(tab.size()) / 1024.0);
-    }
-  }
-  return 0;
-}
-
 int main(int argc, char** argv) {
   CLI::App app{"bench_cuda: the cuda plugin's expert kernels, kernel time by device events (medians)"};
   int device = 0, rounds = 5;
@@ -354,10 +309,6 @@ int main(int argc, char** argv) {
       "--timeline", timeline,
       "only the GLM-5.2 layer at 1-4 rows with the layer kernel's tile timeline (where a launch's time "
       "goes)");
-  bool host_operand = false;
-  app.add_flag("--host-operand", host_operand,
-               "only the host's encoding of a token table (STRATA_CUDA_HOST_OPERAND; the default code, the widest of "
-               "AVX-512 and AVX2 the CPU has, and the portable one) against the copy of x it replaces; no GPU needed");
   int layer_experts = 8;
   int reserve_sms = 0;
   app.add_option("--reserve-sms", reserve_sms,
@@ -376,7 +327,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (reserve_sms > 0) strata_bench::SmReserve::eager_modules();
-  if (host_operand) return bench_host_operand(smoke ? 3 : 201);
 
   const std::string why = strata_cuda::cuda_unavailable_reason();
   if (!why.empty()) {
@@ -508,14 +458,12 @@ int main(int argc, char** argv) {
         int lean;  // Settings::layer_lean: -1 auto (lean at 2 n-tiles), 0 never, 1 always
         int min_rows, max_rows;
         bool distinct = false;  // each expert its own tokens (else every expert the same rows, as at decode)
-        bool host_operand = false;  // Settings::host_operand (or the default's)
       };
       // The layer kernel's modes (STRATA_CUDA_LAYER_PERSISTENT 0, 1: "tile/block", "persistent") other than
       // the default, A/B in every run; "lean": its instances with one block more per SM
       // (STRATA_CUDA_LAYER_LEAN), also A/B.
       const int persistent_default = b.settings().layer_persistent;
       const int lean_default = b.settings().layer_lean;
-      const bool host_operand_default = b.settings().host_operand;
       // (off where the device or the code that runs has no dependent launches: sm_8x, compute_80 PTX)
       const bool pdl_default = b.settings().pdl;
       const int pd = persistent_default;
@@ -533,7 +481,6 @@ int main(int argc, char** argv) {
           {"tensor cores, exact, B-ahead", 0, false, true, true, true, pd, 0, 1, 4},
           {"tensor cores, exact, lean", 0, false, true, true, true, pd, 1, 1, 4},
           {"tensor cores, exact, own tokens", 0, false, true, true, true, pd, ld, 1, 4, true},
-          {"tensor cores, exact, host op", 0, false, true, true, true, pd, ld, 1, 2, false, true},
           {"tensor cores, exact, 2 passes", 0, false, true, true, false, pd, ld, 1, 2},
           {"tensor cores, exact, no PDL", 0, false, false, true, true, pd, ld, 1, 2},
           {"tensor cores, exact, rows", 0, false, true, false, true, pd, ld, 1, 2},
@@ -550,12 +497,10 @@ int main(int argc, char** argv) {
         b.settings().layer_kernel = v.layer;
         b.settings().layer_persistent = v.persistent;
         b.settings().layer_lean = v.lean;
-        if (v.host_operand && host_operand_default) continue;  // (the same as the default row)
-        b.settings().host_operand = v.host_operand || host_operand_default;
         for (int rows : {1, 2, 3, 4, 8}) {
           if (rows < v.min_rows || rows > v.max_rows ||
-              (quick && (v.simt || (v.max_rows == 2 && !v.host_operand))))
-            continue;  // A/B rows: full runs only (the host operand's, which applies to 1-2 rows, in both)
+              (quick && (v.simt || v.max_rows == 2)))
+            continue;  // A/B rows: full runs only
           // (own tokens: expert e of a layer reads tokens e * rows .. e * rows + rows - 1 of x)
           const int x_rows = v.distinct ? rows * layer_experts : rows;
           std::vector<float> x(static_cast<size_t>(x_rows * H));
@@ -584,7 +529,6 @@ int main(int argc, char** argv) {
       b.settings().layer_kernel = true;
       b.settings().layer_persistent = persistent_default;
       b.settings().layer_lean = lean_default;
-      b.settings().host_operand = host_operand_default;
       b.settings().force_simt = false;
       b.settings().gemv_max_rows = -1;
     }
@@ -746,29 +690,6 @@ int main(int argc, char** argv) {
         (void)cudaStreamDestroy(warm);
       }
       b.settings().spin_us = spin_as_set;
-      // The host operand's whole trade (the host's encoding against the preparation launch it saves), with
-      // the two settings alternating issue by issue in this process: separate processes differ by more than
-      // the trade (run98: medians of 105-143 us for one setting).
-      const bool host_operand_as_set = b.settings().host_operand;
-      const int64_t ab_iters = smoke ? 6 : 400;
-      fmt::print("\nthe same, A/B alternating issue by issue, {} issues each: wall (poll {} us) and device\n",
-                 ab_iters, spin_as_set);
-      fmt::print("{:<40} {:>19} {:>19} {:>19} {:>19}\n", "device before the issue", "wall, default", "wall, host op",
-                 "device, default", "device, host op");
-      for (const Scenario& sc : {scenarios[0], scenarios[1]}) {
-        std::vector<double> t[2][2];  // [device][host operand]
-        // Wall times first, then device times; the settings in the order off, on, on, off, .. so that each
-        // follows each as often (an issue's time depends on the one before it: caches, the graph last used).
-        for (int64_t i = 0; i < 4 * (ab_iters + 1); ++i) {
-          const int dev = i >= 2 * (ab_iters + 1) ? 1 : 0, ho = static_cast<int>(((i + 1) >> 1) & 1);
-          b.settings().host_operand = ho != 0;
-          idle(sc);
-          const double us = one(gs[static_cast<size_t>((i >> 1) % small)], dev != 0);
-          if (i % (2 * (ab_iters + 1)) >= 2) t[dev][ho].push_back(us);
-        }
-        fmt::print("{:<40}{}{}{}{}\n", sc.name, cell(t[0][0]), cell(t[0][1]), cell(t[1][0]), cell(t[1][1]));
-      }
-      b.settings().host_operand = host_operand_as_set;
     }
     if (decode_only || latency_only) return 0;
 

@@ -112,14 +112,6 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
-  // The layer kernel's gate/up operands (1 n-tile: 1-2 rows per expert) as a token table encoded on the host
-  // while it stages the call (host_operand.hpp) and copied with the head, instead of x in f32 and a
-  // preparation launch on the device that the first wave waits for (~3 us at 1 row, run57); the same bytes,
-  // so the same bits. Only for calls using at most kHostOperandMaxRows rows of x (dispatch.cpp: the host's
-  // encoding, ~1.9 us per row of 6144 here, grows with them). Off: on an H100 the device time is unchanged
-  // (run98: the first wave starts ~2 us sooner, but the gate/up tiles, all reading one table, run ~2 us longer,
-  // run99); the issue -> take wall time's A/B (bench_cuda --latency) is not settled. STRATA_CUDA_HOST_OPERAND=1.
-  bool host_operand = false;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;

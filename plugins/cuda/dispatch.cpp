@@ -16,7 +16,6 @@
 #include <tuple>
 
 #include "cuda_backend.hpp"
-#include "host_operand.hpp"
 
 namespace strata_cuda {
 
@@ -48,10 +47,6 @@ constexpr uint64_t kResidentMagic = 0x3144495345525453ull;  // "STRESID1"
 constexpr uint64_t kGroupMagic = 0x3150524750525453ull;     // "STRPGRP1"
 constexpr uint64_t kAlign = 256;
 constexpr int64_t kMaxDim = int64_t{1} << 30;  // rows and cols (kernels index with int32)
-// Settings::host_operand: calls using at most this many rows of x (the host encodes each while it stages the
-// call: ~1.9 us per row of 6144 on the development VM with AVX-512, bench_cuda --host-operand, against the ~3 us
-// of device time the preparation launch costs the layer at 1 row whatever the rows, run57).
-constexpr int64_t kHostOperandMaxRows = 2;
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
 uint64_t align_up(uint64_t v) {
@@ -229,8 +224,6 @@ struct LaunchSpec {
 struct ItemSpec {
   MatRef w0, w1;
   uint64_t in_off;
-  uint64_t in_rows_off = kNone;  // a token table's (WorkItem::in_rows), or kNone
-  int in_zero = 0;
   int in_splits, n_tok;
   uint64_t y_off = kNone;
   float* y_ptr = nullptr;  // instead of y_off: rows in registered host memory (their device address)
@@ -301,14 +294,6 @@ struct Chunk {
 struct Plan {
   const float* x = nullptr;
   uint64_t x_bytes = 0, x_off = 0;
-  // Settings::host_operand, where it applies (the layer kernel at 1 n-tile): the region at x_off holds the
-  // token table of the rows of x the call uses (table row t: x row tab_src[t]; x_cols values, padded to
-  // tab_kp) instead of x, tab_rows_off the table rows of `rows` (tab_rows), and the first preparation launch
-  // is left out.
-  bool host_operand = false;
-  int64_t x_cols = 0, tab_kp = 0;
-  std::vector<int32_t> tab_src, tab_rows;
-  uint64_t tab_rows_off = 0;
   std::vector<int32_t> rows;
   uint64_t rows_off = 0;
   std::vector<ItemSpec> items;
@@ -338,7 +323,6 @@ struct PlanScratch {
   std::vector<uint64_t> task_rows_at, y_task;
   std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
   ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
-  std::vector<int32_t> tab_of;  // Settings::host_operand: each row of x's token-table row, or -1
 };
 
 // A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
@@ -379,8 +363,6 @@ void reset(Plan& p) {
     to.swap(from);
   };
   keep(p.rows, fresh.rows);
-  keep(p.tab_src, fresh.tab_src);
-  keep(p.tab_rows, fresh.tab_rows);
   keep(p.items, fresh.items);
   keep(p.jobs, fresh.jobs);
   keep(p.uploads, fresh.uploads);
@@ -517,7 +499,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  if (const char* v = std::getenv("STRATA_CUDA_HOST_OPERAND")) settings_.host_operand = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -886,37 +867,12 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   for (const Chunk& c : chunks) widest = std::max<int64_t>(widest, c.gate.dm.rows);
   p.sync_bytes = (1 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
   p.sync_off = lay.take(p.sync_bytes);
-  // Settings::host_operand: room for the token table, used if the call runs on the layer kernel at 1 n-tile
-  // (decided below; else x goes there as it is).
-  const int64_t hp = padded_cols(hidden);
-  bool want_table = settings_.host_operand && settings_.layer_kernel && gu_nt.v.size() == 1 &&
-                    gu_nt.v[0].first.tc && gu_nt.v[0].first.splits == kI8Splits && !gu_nt.v[0].first.wide &&
-                    gu_nt.v[0].second == 1;
-  if (want_table) {  // the rows of x used, in order of first use, and each task row's table row
-    std::vector<int32_t>& tab_of = sc.tab_of;
-    tab_of.assign(static_cast<size_t>(n_x_rows), -1);
-    p.tab_src.clear();
-    p.tab_rows.clear();
-    for (const int32_t r : p.rows) {
-      int32_t& t = tab_of[static_cast<size_t>(r)];
-      if (t < 0) {
-        if (static_cast<int64_t>(p.tab_src.size()) == kHostOperandMaxRows) {
-          want_table = false;  // (too many rows of x for the host to encode)
-          break;
-        }
-        t = static_cast<int32_t>(p.tab_src.size());
-        p.tab_src.push_back(r);
-      }
-      p.tab_rows.push_back(t);
-    }
-  }
-  p.x_off = lay.take(want_table ? std::max(p.x_bytes, token_table_bytes(static_cast<int64_t>(p.tab_src.size()), hp))
-                                : p.x_bytes);
+  p.x_off = lay.take(p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
-  p.tab_rows_off = want_table ? lay.take(p.tab_rows.size() * sizeof(int32_t)) : 0;
   p.head_bytes = lay.cursor;
 
   // Per chunk: its operands and h (Chunk::in_off ..).
+  const int64_t hp = padded_cols(hidden);
   int64_t max_prep = 0;
   for (Chunk& c : chunks) {
     const int64_t fp = padded_cols(c.gate.dm.rows);
@@ -1039,8 +995,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.x_ld = fp;
     j.row0 = 0;
     j.n_tok = c.n;
-    j.cols = c.gate.dm.rows;  // (h's padding columns encode as zeros without being read: nothing clears them
-                              // where the preparation launch is left out, Plan::host_operand)
+    j.cols = c.gate.dm.rows;  // (h's padding columns encode as zeros without being read)
     j.kp = static_cast<int>(fp);
     j.splits = kI8Splits;
     j.ncols = 8 * c.dn_nt;
@@ -1057,18 +1012,6 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
-  }
-  // The gate/up items read the token table (one class: items in chunk order, as their preparation jobs).
-  if (want_table && p.layer && p.launches[0].nt == 1 && p.n_jobs_first == static_cast<size_t>(p.launches[0].n_items)) {
-    p.host_operand = true;
-    p.x_cols = hidden;
-    p.tab_kp = hp;
-    for (size_t i = 0; i < p.n_jobs_first; ++i) {
-      ItemSpec& it = p.items[p.launches[0].first_item + i];
-      it.in_off = p.x_off;
-      it.in_rows_off = p.tab_rows_off + (p.jobs[i].rows_off - p.rows_off);  // (the same entries' table rows)
-      it.in_zero = static_cast<int>(p.tab_src.size());
-    }
   }
 }
 
@@ -1191,13 +1134,7 @@ void CudaBackend::copy_head(Slot& s, const Plan& p) {
 void CudaBackend::stage(Slot& s, const Plan& p) {
   char* base = s.dev;
   // The head, in pinned memory: x, the row table, the items and jobs with device pointers.
-  if (p.host_operand) {
-    encode_token_table(p.x, p.x_cols, p.x_cols, p.tab_kp, p.tab_src.data(), static_cast<int64_t>(p.tab_src.size()),
-                       reinterpret_cast<uint8_t*>(s.in + p.x_off));
-    std::memcpy(s.in + p.tab_rows_off, p.tab_rows.data(), p.tab_rows.size() * sizeof(int32_t));
-  } else if (p.x_bytes > 0) {
-    std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
-  }
+  if (p.x_bytes > 0) std::memcpy(s.in + p.x_off, p.x, p.x_bytes);
   if (!p.rows.empty()) std::memcpy(s.in + p.rows_off, p.rows.data(), p.rows.size() * sizeof(int32_t));
   WorkItem* items = reinterpret_cast<WorkItem*>(s.in + p.items_off);
   for (size_t i = 0; i < p.items.size(); ++i) {
@@ -1206,8 +1143,6 @@ void CudaBackend::stage(Slot& s, const Plan& p) {
     w.w0 = patch(is.w0, p.uploads, base);
     w.w1 = patch(is.w1, p.uploads, base);
     w.in = base + is.in_off;
-    w.in_rows = is.in_rows_off != kNone ? reinterpret_cast<const int32_t*>(base + is.in_rows_off) : nullptr;
-    w.in_zero = is.in_zero;
     w.y = is.y_ptr != nullptr ? is.y_ptr
           : is.y_off != kNone ? reinterpret_cast<float*>(base + is.y_off)
                               : nullptr;
@@ -1281,7 +1216,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
-  put(p.host_operand);  // (no first preparation launch)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
   put(p.sync_bytes);
@@ -1368,7 +1302,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
           "launch of prep_operands");
     }
   };
-  if (!p.host_operand) prep(0, p.n_jobs_first);
+  prep(0, p.n_jobs_first);
   if (p.layer) {
     const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
     LayerWork lw{};

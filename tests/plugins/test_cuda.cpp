@@ -9,13 +9,11 @@
 //
 // Runs from the build tree or from a bundle (tools/device/cuda_check.sh): plugins are found beside the
 // executable; STRATA_FIXTURES_DIR overrides the fixtures folder.
-#include <dlfcn.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <thread>
 
 #include "strata/error.hpp"
@@ -877,19 +875,6 @@ static Group on_device(const Backend& b, const Group& g, std::vector<ResidentMat
   return d;
 }
 
-// A test hook of the emulated plugin (exported by emu/, found with dlsym in the loaded library); nullptr for a
-// plugin that is not the emulation.
-template <class Fn>
-static Fn* emu_hook(const PluginRecord* rec, const char* name) {
-  if (rec->name != std::string("cuda_emu")) return nullptr;
-  void* h = dlopen(rec->file.c_str(), RTLD_NOW | RTLD_NOLOAD);
-  REQUIRE(h != nullptr);
-  void* sym = dlsym(h, name);
-  dlclose(h);
-  REQUIRE(sym != nullptr);
-  return reinterpret_cast<Fn*>(sym);
-}
-
 // The layer kernel (decode groups on the exact tensor cores: gate/up and down tiles in one launch) against
 // the separate launches (STRATA_CUDA_LAYER=0): the same bits with resident weights (staged host weights take
 // the separate launches in both; checked too), both int4 formats,
@@ -1025,130 +1010,12 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
-                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
-                         // the gate/up operands as a token table encoded on the host (1 n-tile)
-                         {{"STRATA_CUDA_HOST_OPERAND", "1"}},
-                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
-                         {{"STRATA_CUDA_HOST_OPERAND", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
-    // The emulation counts the tiles that read a host-encoded token table (STRATA_CUDA_HOST_OPERAND): they must
-    // have run where asked for, and only there. (Not from the environment this runs in: the modes set it.)
-    ::unsetenv("STRATA_CUDA_HOST_OPERAND");
-    auto* table_tiles = emu_hook<uint64_t()>(rec, "strata_cuda_emu_table_tiles");
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}}};
     for (const Env& env : modes) {
       std::string mode;
-      bool table = false;
-      for (const auto& [var, value] : env) {
-        mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
-        table = table || std::string(var) == "STRATA_CUDA_HOST_OPERAND";
-      }
+      for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
-      const uint64_t tables_before = table_tiles != nullptr ? table_tiles() : 0;
       gpu_case_layer(rec, env);
-      if (table_tiles != nullptr) CHECK((table_tiles() > tables_before) == table);
-    }
-  }
-}
-
-// The gate/up operands as a token table encoded by the host (STRATA_CUDA_HOST_OPERAND=1, host_operand.cpp)
-// against the preparation kernel's encoding: the same bytes for the values where the encoding has edges (ties
-// of the rounding, x 2^(30 - e) = k + 1/2 with k even and odd; a group whose largest value is subnormal, where
-// the scaling takes two products; subnormals beside normal values; values near FLT_MAX; zeros and negative
-// zeros; an infinity, a NaN; a partial last group), compared digit by digit on the emulation (the device
-// encoder is the same kernel source there); and end to end on every backend, the layer kernel reading the table
-// gives the bits of the separate launches for rows of such values (those whose outputs stay finite).
-TEST_CASE("cuda host-encoded operands: the device encoding's bytes, also at ties, subnormals and huge values") {
-  const int64_t cols = 450;  // 8 groups of 64, the last one partial
-  const float tiny = std::ldexp(1.0f, -140), sub = std::numeric_limits<float>::denorm_min();
-  const float big = std::numeric_limits<float>::max();
-  std::mt19937 rng(99);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<std::vector<float>> rows(8, std::vector<float>(static_cast<size_t>(cols)));
-  for (auto& r : rows)
-    for (auto& v : r) v = nd(rng);
-  // row 0: ties in group 0 (largest 0.75: e = 0, x 2^30 = k + 1/2), in group 1 negative ones (largest 3: e = 2)
-  for (int i = 0; i < 63; ++i) rows[0][static_cast<size_t>(i)] = std::ldexp(static_cast<float>(i) + 0.5f, -30);
-  rows[0][63] = 0.75f;
-  for (int i = 0; i < 63; ++i) rows[0][static_cast<size_t>(64 + i)] = -std::ldexp(static_cast<float>(2 * i) + 0.5f, -28);
-  rows[0][127] = 3.0f;
-  // row 1: group 0 subnormal only; group 1 tiny (2^-140) beside 2^-100; group 2 subnormals beside 1; group 3
-  // near FLT_MAX beside small values (they round to 0)
-  for (int i = 0; i < 64; ++i) {
-    rows[1][static_cast<size_t>(i)] = sub * static_cast<float>(i % 7) * (i % 2 ? -1.0f : 1.0f);
-    rows[1][static_cast<size_t>(64 + i)] = i == 5 ? std::ldexp(1.0f, -100) : tiny * static_cast<float>(i);
-    rows[1][static_cast<size_t>(128 + i)] = i == 9 ? 1.0f : sub * static_cast<float>(1000 * i + 1);
-    rows[1][static_cast<size_t>(192 + i)] = i == 3 ? big : i == 4 ? -big / 3.0f : nd(rng);
-  }
-  // row 2: a group of zeros, one of negative zeros; row 3: an infinity; row 4: a NaN; row 5: -infinity in the
-  // partial last group
-  for (int i = 0; i < 64; ++i) {
-    rows[2][static_cast<size_t>(64 + i)] = 0.0f;
-    rows[2][static_cast<size_t>(128 + i)] = -0.0f;
-  }
-  rows[3][200] = std::numeric_limits<float>::infinity();
-  rows[4][300] = std::numeric_limits<float>::quiet_NaN();
-  rows[5][449] = -std::numeric_limits<float>::infinity();
-  std::vector<float> x;
-  for (const auto& r : rows) x.insert(x.end(), r.begin(), r.end());
-  const int64_t n_x = static_cast<int64_t>(rows.size());
-
-  for (const PluginRecord* rec : cuda_backends()) {
-    CAPTURE(rec->name);
-    uint64_t (*table_tiles)() = emu_hook<uint64_t()>(rec, "strata_cuda_emu_table_tiles");
-    if (auto* same = emu_hook<int(const float*, int64_t, int64_t)>(rec, "strata_cuda_emu_same_encoding")) {
-      CHECK(same(x.data(), n_x, cols) == 1);
-      CHECK(same(x.data() + 2 * cols, 1, cols) == 1);  // (one row: an operand of one n-tile)
-      // 130 columns: a last unit of one group (kp 192), itself partial
-      std::vector<float> x130;
-      for (const auto& r : rows) x130.insert(x130.end(), r.begin(), r.begin() + 130);
-      CHECK(same(x130.data(), n_x, 130) == 1);
-    }
-    const uint64_t tiles_before = table_tiles != nullptr ? table_tiles() : 0;
-    // End to end: 4 experts (1-2 rows each: one n-tile) on two of the finite rows per call (the table holds
-    // the rows a call uses, at most 2; the values near FLT_MAX lowered to 1e12, so that the outputs stay finite
-    // and show any difference).
-    auto table = make_cuda_with_env(*rec, "STRATA_CUDA_HOST_OPERAND", "1");
-    auto device = make_cuda_with_env(*rec, "STRATA_CUDA_HOST_OPERAND", "0");
-    Group grp(rng, cols, 96, n_x, {1, 2, 1, 2}, same_format(WeightFormat::Q4_G64, 4));
-    grp.x = x;
-    for (auto& v : grp.x) v = std::isfinite(v) && std::fabs(v) > 1e12f ? 1e12f : v;  // (FLT_MAX would overflow h)
-    std::vector<ResidentMatrix> keep_t, keep_d;
-    Group on_t = on_device(*table, grp, keep_t), on_d = on_device(*device, grp, keep_d);
-    for (const auto& [r0, r1] : {std::pair<int32_t, int32_t>{0, 1}, {2, 6}, {7, 1}, {2, 2}}) {
-      CAPTURE(r0);
-      CAPTURE(r1);
-      on_t.rows = on_d.rows = {{r0}, {r0, r1}, {r1}, {r1, r0}};
-      const auto a = on_d.run(*device), b = on_t.run(*table);
-      for (size_t e = 0; e < a.size(); ++e) {
-        CAPTURE(e);
-        CHECK(std::all_of(a[e].begin(), a[e].end(), [](float v) { return std::isfinite(v); }));
-        CHECK(std::memcmp(a[e].data(), b[e].data(), a[e].size() * 4) == 0);
-      }
-    }
-    if (table_tiles != nullptr) CHECK(table_tiles() > tiles_before);  // (the table was read)
-
-    // Through the main loop in every layer-kernel mode: hidden 2100 (gate/up warps of 5 and 3 load batches and
-    // a remainder group), down K 600 (2 batches and a remainder), random rows of x, 1-2 rows per expert
-    // using 2 rows of x; the table's bits against the preparation launch's.
-    Group big(rng, 2100, 600, 3, {1, 2, 1, 2}, same_format(WeightFormat::Q4_G64, 4));
-    big.rows = {{2}, {2, 0}, {0}, {0, 2}};
-    std::vector<ResidentMatrix> keep_b;
-    const Group big_d = on_device(*device, big, keep_b);
-    const auto want = big_d.run(*device);
-    using Env = std::vector<std::pair<const char*, const char*>>;
-    for (const Env& env : {Env{}, Env{{"STRATA_CUDA_LAYER_LEAN", "1"}}, Env{{"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
-                           Env{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}}}) {
-      Env with = env;
-      with.emplace_back("STRATA_CUDA_HOST_OPERAND", "1");
-      CAPTURE(env.empty() ? std::string("default") : std::string(env[0].first) + "=" + env[0].second);
-      auto be = make_cuda_with_envs(*rec, with);
-      std::vector<ResidentMatrix> keep_m;
-      const uint64_t before = table_tiles != nullptr ? table_tiles() : 0;
-      const auto got = on_device(*be, big, keep_m).run(*be);
-      for (size_t e = 0; e < want.size(); ++e) {
-        CAPTURE(e);
-        CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
-      }
-      if (table_tiles != nullptr) CHECK(table_tiles() > before);
     }
   }
 }

@@ -10,10 +10,8 @@
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
 # with --latency the issue -> take wall medians, with STRATA_CUDA_TRACE=1 the host's laps per one-token issue;
 # "[persistent]", "[lean]" ("[tile/block]", "[B-ahead]" where those are the default), "[own tokens]" (each
-# expert its own rows, not the same ones), "[host op]"
-# (STRATA_CUDA_HOST_OPERAND=1, 1-2 rows): bench_cuda's rows of the layer kernel's other modes, measured in the
-# same process; with --latency also "host op A/B", the wall and device medians with the host operand off and on,
-# alternating issue by issue) and logs.tgz (test_cuda.log and every bench log).
+# expert its own rows, not the same ones): bench_cuda's rows of the layer kernel's other modes, measured in the
+# same process) and logs.tgz (test_cuda.log and every bench log).
 # An H100 standing in for an H200: BENCH_ARGS='--layer --quick --rounds 5 --reserve-sms 52' (docs/benchmarks.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,14 +37,10 @@ for pass in $(seq 1 "${PASSES:-2}"); do
                name = substr($0, 1, 31); sub(/ +$/, "", name)
                printf "%s%s rows %s us (%s) ", (name ~ /default/ ? "" : "[" substr(name, 22) "] "), $(NF-6), $(NF-1), $NF}' "$out/$log")
     # --latency: the issue -> take wall medians (poll 2 ms) back to back and after 1 ms idle
-    l=$(awk '/A\/B alternating/ { exit } /^back to back|^after 1 ms idle/ { printf "%s: %s us; ", ($1 == "back" ? "back to back" : "after 1 ms"), $(NF-9) }' "$out/$log")
-    # --latency: the host operand's A/B (wall off / on, device off / on; medians)
-    ab=$(awk '/A\/B alternating/ { f = 1 } f && /^back to back|^after 1 ms idle/ {
-                printf "%s: wall %s / %s us, device %s / %s; ", ($1 == "back" ? "back to back" : "after 1 ms"),
-                       $(NF-7), $(NF-5), $(NF-3), $(NF-1) }' "$out/$log")
+    l=$(awk '/^back to back|^after 1 ms idle/ { printf "%s: %s us; ", ($1 == "back" ? "back to back" : "after 1 ms"), $(NF-9) }' "$out/$log")
     # STRATA_CUDA_TRACE=1: the host's laps per one-token issue (the trace prints them when a backend closes)
     h=$(grep -m1 'one-token expert groups issued' "$out/$log" | sed 's/.*host time per issue: //')
-    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q${l:+ issue->take: $l}${ab:+ host op A/B (off / on): $ab}${h:+ host: $h}"
+    note "pass $pass variant $i [$v]: exit $rc, ${took}s; queued: $q${l:+ issue->take: $l}${h:+ host: $h}"
     logs+=("$log")
   done
 done

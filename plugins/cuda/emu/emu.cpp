@@ -614,18 +614,6 @@ bool capturing(cudaStream_t s) {
 
 namespace strata_cuda::emu {
 
-namespace {
-std::atomic<uint64_t> g_table_tiles{0};
-}  // namespace
-
-void note_table_tile() {
-  g_table_tiles.fetch_add(1, std::memory_order_relaxed);
-}
-
-uint64_t table_tiles() {
-  return g_table_tiles.load(std::memory_order_relaxed);
-}
-
 int sm_version() {
   const char* v = std::getenv("STRATA_CUDA_EMU_SM");  // (an integer: 86, not 8.6)
   const int sm = v != nullptr ? std::atoi(v) : 90;
@@ -901,8 +889,3 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t s) 
 }
 
 }  // extern "C"
-
-// For test_cuda, which finds it with dlsym in the loaded plugin: the tiles that read a host-encoded token table.
-extern "C" __attribute__((visibility("default"))) uint64_t strata_cuda_emu_table_tiles() {
-  return strata_cuda::emu::table_tiles();
-}

@@ -54,10 +54,6 @@ uint8_t* dyn_smem();
 void cp_async(void* dst, const void* src, int bytes);
 void cp_async_commit();
 void cp_async_wait(int n);  // all but the newest n committed groups
-// A tile that read a host-encoded token table (WorkItem::in_rows): counted (table_tiles), so a test can see
-// that the path it means to check ran.
-void note_table_tile();
-uint64_t table_tiles();
 // The most dynamic shared memory a launch of `kernel` may ask for: 48 KB unless cudaFuncSetAttribute
 // (cudaFuncAttributeMaxDynamicSharedMemorySize) allowed more. STRATA_CUDA_EMU_NO_DYN_SMEM=1: none at all (a
 // test's way to see that a path launched a kernel with dynamic shared memory: its launch then fails).

@@ -377,25 +377,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
-  // A token table encoded by the host (work.hpp; exact mode, 1 n-tile, the layer kernel's gate/up items): the
-  // same bytes at other addresses, found once per tile (g_b's token is live; token q / 2 may be the zero one).
-  constexpr bool kTable = kI8 && NT == 1 && !FRESH && std::decay_t<Carry>::kOn;  // (the layer kernel's gate/up)
-  if constexpr (kTable) {
-    if (it.in_rows != nullptr) {
-      const uint8_t* tab = static_cast<const uint8_t*>(it.in);
-      const int row_b = __ldg(it.in_rows + (g_b >> 2)), r_m = q >> 1;
-      const int row_m = r_m < it.n_tok ? __ldg(it.in_rows + r_m) : it.in_zero;
-      bp = tab + (static_cast<int64_t>(row_b) * kI8Planes + (g_b & 3)) * kp;
-      mp = reinterpret_cast<const float*>(tab + static_cast<int64_t>(it.in_zero) * kI8Planes * kp) +
-           static_cast<int64_t>(row_m) * n_groups_all;
-#if defined(STRATA_CUDA_EMULATE)
-      if (threadIdx.x == 0) emu::note_table_tile();
-#endif
-    }
-  }
-#if defined(STRATA_CUDA_EMULATE)
-  if (it.in_rows != nullptr && !kTable) emu::die("a token table for a kernel that reads none");
-#endif
 
   float acc[NT][4];
 #pragma unroll

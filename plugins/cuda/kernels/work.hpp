@@ -56,12 +56,6 @@ struct DevMatrix {
 //    columns of each 128-column unit in the order the threads feed mma.sync (i8_pos); then, at byte 8 * NT * kp,
 //    the group multipliers, f32 [2 * NT][kp / 64] (token r, group G: 2^(e - 34) for the group's exponent e,
 //    NaN for a group holding a non-finite value, 0 for tokens past n_tok).
-//  - exact mode, the layer kernel's gate_up items of 1 n-tile only: with in_rows set, `in` is a token table
-//    instead, encoded by the host (host_operand.hpp) and copied with the call's head: 4 digit-plane rows of
-//    kp bytes for each of the in_zero rows of x the call uses (table row t's plane p is plane row 4 t + p),
-//    then the multipliers, f32 [in_zero + 1][kp / 64], the last row zeros (a zero token, for the item's tokens
-//    past n_tok; its digits are never read: B columns past the tokens load a live one at 1 n-tile); the
-//    item's token r is table row in_rows[r]. No preparation launch then.
 //  - tensor-core kernels, W4A16 mode (in_splits = 1): bf16, [ncols][kp] with ncols = 8 * NT; column r holds
 //    token r rounded to bf16; columns past n_tok are zero. Within each 16-column chunk the columns are stored
 //    4x4-transposed (slot 4s + t holds column s + 4t), the order in which a thread feeds them to mma.sync.
@@ -79,8 +73,6 @@ struct WorkItem {
   DevMatrix w0;  // linear: the weight; gate_up: gate
   DevMatrix w1;  // gate_up: up (same shape and format as gate)
   const void* in;
-  const int32_t* in_rows;  // NULL, or the token table's rows (see above)
-  int32_t in_zero;
   float* y;
   int64_t y_ld;
   void* h;
