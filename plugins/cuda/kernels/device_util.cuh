@@ -309,6 +309,106 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// mbarriers and bulk copies global -> shared memory (sm_90: cp.async.bulk, the TMA unit; the layer kernel's
+// staged batches). mbar_init: count arrivals per phase (then fence_mbar_init and a __syncthreads before any
+// use); mbar_expect_tx: one arrival that also tells the phase to wait for `bytes` more; bulk_copy: `bytes` (a
+// multiple of 16, both addresses 16-byte aligned) that count against the barrier's phase as they land;
+// mbar_wait: returns once the phase of that parity has completed. fence_proxy_async: orders this thread's
+// earlier generic accesses of shared memory before its later bulk copies into it. Only compiled for sm_90+
+// (never called below: the host stages nothing there); the emulation queues the copies and carries them out
+// at the first wait (emu_device.hpp).
+#if !defined(STRATA_CUDA_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STRATA_CUDA_BULK 1
+#endif
+#if !defined(STRATA_CUDA_EMULATE)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_init(bar, count);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+__device__ __forceinline__ void fence_mbar_init() {
+#if defined(STRATA_CUDA_BULK)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(STRATA_CUDA_BULK)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_expect_tx(bar, bytes);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+#else
+  (void)bar, (void)bytes;
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::bulk_copy(dst, src, bytes, bar);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_wait(bar, parity);
+#elif defined(STRATA_CUDA_BULK)
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#else
+  (void)bar, (void)parity;
+#endif
+}
+
+// A shared-memory address for ld.shared (the emulation: a plain pointer), and 8- and 16-byte loads at an offset.
+#if defined(STRATA_CUDA_EMULATE)
+using SmemAddr = const uint8_t*;
+__device__ __forceinline__ SmemAddr smem_addr(const void* p) { return static_cast<const uint8_t*>(p); }
+__device__ __forceinline__ uint2 ld_smem_u2(SmemAddr a, int off) { return emu::load(reinterpret_cast<const uint2*>(a + off)); }
+__device__ __forceinline__ float4 ld_smem_f4(SmemAddr a, int off) {
+  return emu::load(reinterpret_cast<const float4*>(a + off));
+}
+#else
+using SmemAddr = uint32_t;
+__device__ __forceinline__ SmemAddr smem_addr(const void* p) { return smem_u32(p); }
+__device__ __forceinline__ uint2 ld_smem_u2(SmemAddr a, int off) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a + off) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_smem_f4(SmemAddr a, int off) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(a + off)
+               : "memory");
+  return v;
+}
+#endif
+
 // A flag between blocks of one launch, read with ld.acquire at GPU scope (the writer: __threadfence, then an
 // atomic; the emulation runs one block at a time: a plain read). sleep_ns: a pause in a wait loop (the
 // emulation: another block's turn).
