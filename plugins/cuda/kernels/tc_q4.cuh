@@ -305,9 +305,9 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 }
 
 // Staged batches (the layer kernel, sm_90, LayerWork::stage_batches): the last n of a warp's whole batches of a
-// tile are requested as the tile starts, by two bulk copies (their weights, then their scales: in kTiles both
-// are contiguous for a warp's slice) into the warp's region of shared memory, and read from there when their
-// turn comes, so a warp has more than its two register batches in flight without more registers. Batch j of
+// tile are requested right after its first two (register) batches, by two bulk copies (their weights, then
+// their scales: in kTiles both are contiguous for a warp's slice) into the warp's region of shared memory, and
+// read from there when their turn comes, so a warp has more than its two register batches in flight without more registers. Batch j of
 // the n: weights at kStageWBytes j (the tile's own byte order: thread (g, q) at 64 g + 8 q), scales at
 // kStageWBytes n + kStageSBytes j (rows g at 16 g, g + 8 at 128 + 16 g). The region holds at most `max`
 // batches; a tile stages min(max, its batches - 2) (the first two stay in registers: the persistent kernel
@@ -461,15 +461,22 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       n_st = imax(0, imin(sg.max, nb - 2));
       st_w = smem_addr(sg.mem) + 64 * g + 8 * q;
       st_s = smem_addr(sg.mem) + kStageWBytes * n_st + 16 * g;
-      if (n_st > 0 && lane == 0) {
-        const uint8_t* ssrc = reinterpret_cast<const uint8_t*>(scale_at<kTied>(st, st.w0));
-        fence_proxy_async();  // (this warp's reads of the region in its previous tile come first)
-        mbar_expect_tx(sg.bar, static_cast<uint32_t>(kStageBatchBytes * n_st));
-        bulk_copy(sg.mem, st.w0 + kStageWBytes * (nb - n_st), static_cast<uint32_t>(kStageWBytes * n_st), sg.bar);
-        bulk_copy(sg.mem + kStageWBytes * n_st, ssrc + kStageSBytes * (nb - n_st),
-                  static_cast<uint32_t>(kStageSBytes * n_st), sg.bar);
-      }
     }
+    // The staged batches' bulk copies, requested once the first two batches' loads are (the stream then points
+    // at batch 2; n_st > 0 means nb > 2), so that those, which the warp needs first, are not queued behind them.
+    auto issue_stage = [&] {
+      if constexpr (kStage) {
+        if (n_st > 0 && lane == 0) {
+          WarpStage& sg = carry.stage();
+          const int skip = nb - n_st - 2;  // batches from the stream's position to the first staged one
+          const uint8_t* ssrc = reinterpret_cast<const uint8_t*>(scale_at<kTied>(st, st.w0)) + kStageSBytes * skip;
+          fence_proxy_async();  // (this warp's reads of the region in its previous tile come first)
+          mbar_expect_tx(sg.bar, static_cast<uint32_t>(kStageBatchBytes * n_st));
+          bulk_copy(sg.mem, st.w0 + kStageWBytes * skip, static_cast<uint32_t>(kStageWBytes * n_st), sg.bar);
+          bulk_copy(sg.mem + kStageWBytes * n_st, ssrc, static_cast<uint32_t>(kStageSBytes * n_st), sg.bar);
+        }
+      }
+    };
     // The next batch's weights and scales (from the staged region for the last n_st).
     auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {
       if constexpr (kStage) {
@@ -541,7 +548,11 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
           skip_i8_batch<kGrouped, kTied>(st);
           ++n_loaded;
         },
-        carry.primed(), wait_inputs,
+        carry.primed(),
+        [&] {
+          issue_stage();
+          wait_inputs();
+        },
         [&] {
           if (kAheadB) load_b(bc, mc);
         },

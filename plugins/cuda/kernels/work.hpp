@@ -107,6 +107,7 @@ struct LayerWork {
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
   int32_t stage_batches;  // each warp's staged batches at most (WarpStage, tc_q4.cuh; sm_90 only), 0: none
+  int32_t stage_gu, stage_dn;  // of which a gate/up, a down tile stages at most
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
