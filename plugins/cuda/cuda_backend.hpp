@@ -115,11 +115,6 @@ struct Settings {
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
-  // Each layer-kernel warp's last batches of a tile staged in shared memory by bulk copies requested as the
-  // tile starts (WarpStage, tc_q4.cuh): at most this many per warp (kStageBatchBytes each, 4 warps a block).
-  // sm_90 and compute_90+ kernels only (0 elsewhere), and only as much as the device allows a block.
-  // STRATA_CUDA_LAYER_STAGE=N; STRATA_CUDA_LAYER_STAGE_GU, _DN: another N for gate/up or down tiles.
-  int layer_stage = 0, layer_stage_gu = -1, layer_stage_dn = -1;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

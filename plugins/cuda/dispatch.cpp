@@ -499,18 +499,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  settings_.layer_stage = env_int("STRATA_CUDA_LAYER_STAGE", 0, 64, 0, settings_.layer_stage);
-  settings_.layer_stage_gu = env_int("STRATA_CUDA_LAYER_STAGE_GU", 0, 64, -1, settings_.layer_stage_gu);
-  settings_.layer_stage_dn = env_int("STRATA_CUDA_LAYER_STAGE_DN", 0, 64, -1, settings_.layer_stage_dn);
-  if (settings_.layer_stage_gu >= 0 || settings_.layer_stage_dn >= 0) {
-    if (settings_.layer_stage_gu < 0) settings_.layer_stage_gu = settings_.layer_stage;
-    if (settings_.layer_stage_dn < 0) settings_.layer_stage_dn = settings_.layer_stage;
-    settings_.layer_stage = std::max(settings_.layer_stage_gu, settings_.layer_stage_dn);
-  }
-  // (bulk copies are sm_90's; a block of the layer kernel needs its staged bytes within the device's limit)
-  if (sm_major_ < 9 || kernels_ptx_version() < 90) settings_.layer_stage = 0;
-  while (settings_.layer_stage > 0 && layer_smem_bytes(settings_.layer_stage) + 8192u > static_cast<unsigned>(smem_optin))
-    --settings_.layer_stage;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1229,7 +1217,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(static_cast<uint64_t>(p.layer ? settings_.layer_stage : 0));  // (its shared memory)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1327,9 +1314,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
     lw.max_sms = settings_.layer_sms;
-    lw.stage_batches = settings_.layer_stage;
-    lw.stage_gu = settings_.layer_stage_gu >= 0 ? std::min(settings_.layer_stage_gu, lw.stage_batches) : lw.stage_batches;
-    lw.stage_dn = settings_.layer_stage_dn >= 0 ? std::min(settings_.layer_stage_dn, lw.stage_batches) : lw.stage_batches;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

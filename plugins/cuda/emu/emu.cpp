@@ -356,19 +356,11 @@ struct CpThread {
   std::vector<CpCopy> open;                  // since the last commit
   std::deque<std::vector<CpCopy>> groups;    // committed, oldest first
 };
-// An mbarrier's state: the phases completed, the arrivals still expected in the current one, the bytes it was
-// told to expect and the copies queued on it.
-struct MBar {
-  uint32_t count = 0, phase = 0, arrivals_left = 0;
-  int64_t tx_expected = 0, tx_queued = 0;
-  std::vector<CpCopy> copies;
-};
 struct BlockLocal {
   uint64_t launch = ~uint64_t{0};
   uint3 block{~0u, ~0u, ~0u};
   std::vector<uint8_t> smem;
   std::vector<CpThread> cp;
-  std::map<const uint64_t*, MBar> bars;
 };
 thread_local BlockLocal tls_block;
 
@@ -380,7 +372,6 @@ BlockLocal& block_local() {
     b.block = c.block_idx;
     b.smem.assign(static_cast<size_t>(max_smem_optin()), 0xA5);
     b.cp.assign(c.block_dim.x, CpThread{});
-    b.bars.clear();
   }
   return b;
 }
@@ -418,58 +409,6 @@ void cp_async_wait(int n) {
     for (const CpCopy& c : t.groups.front()) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
     t.groups.pop_front();
   }
-}
-
-namespace {
-MBar& mbar(const uint64_t* bar) {
-  if (sm_version() < 90) die("an mbarrier or bulk copy on an emulated device below sm_90");
-  auto& bars = block_local().bars;
-  const auto it = bars.find(bar);
-  if (it == bars.end()) die("an mbarrier used before mbar_init");
-  return it->second;
-}
-}  // namespace
-
-void mbar_init(uint64_t* bar, uint32_t count) {
-  if (sm_version() < 90) die("an mbarrier on an emulated device below sm_90");
-  if (count == 0 || reinterpret_cast<uintptr_t>(bar) % 8 != 0) die("mbar_init: a count of 0 or a misaligned barrier");
-  MBar& b = block_local().bars[bar];
-  b = MBar{};
-  b.count = b.arrivals_left = count;
-}
-
-void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  MBar& b = mbar(bar);
-  if (b.arrivals_left == 0) die("mbar_expect_tx: more arrivals than the barrier's count in one phase");
-  --b.arrivals_left;
-  b.tx_expected += bytes;
-}
-
-void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  MBar& b = mbar(bar);
-  BlockLocal& bl = block_local();
-  uint8_t* lo = bl.smem.data();
-  if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(dst) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(src) % 16 != 0) {
-    die("cp.async.bulk: a size or an address not a multiple of 16");
-  }
-  if (static_cast<uint8_t*>(dst) < lo || static_cast<uint8_t*>(dst) + bytes > lo + bl.smem.size()) {
-    die("cp.async.bulk outside the block's dynamic shared memory");
-  }
-  b.copies.push_back(CpCopy{dst, src, static_cast<int>(bytes)});
-  b.tx_queued += bytes;
-}
-
-void mbar_wait(uint64_t* bar, uint32_t parity) {
-  MBar& b = mbar(bar);
-  if ((b.phase & 1u) != (parity & 1u)) return;  // that phase has completed
-  if (b.arrivals_left != 0) die("a wait on an mbarrier phase that nobody armed: it would never complete");
-  if (b.tx_queued != b.tx_expected) die("an mbarrier phase whose copies differ from the bytes it expects");
-  for (const CpCopy& c : b.copies) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
-  b.copies.clear();
-  b.tx_expected = b.tx_queued = 0;
-  b.arrivals_left = b.count;
-  ++b.phase;
 }
 
 int max_dyn_smem(const void* kernel) {

@@ -54,15 +54,6 @@ uint8_t* dyn_smem();
 void cp_async(void* dst, const void* src, int bytes);
 void cp_async_commit();
 void cp_async_wait(int n);  // all but the newest n committed groups
-// mbarrier and bulk copies (device_util.cuh, sm_90): a barrier's copies are queued and carried out when a
-// thread first waits for the phase they complete, so a read before the wait sees the poison of dyn_smem. One
-// arrival per phase (mbar_init's count), by mbar_expect_tx; a wait on a phase nobody armed dies (it would hang),
-// as does a phase whose copies do not add up to the bytes it was told to expect, a copy outside the block's
-// dynamic shared memory or not in 16-byte pieces, and any of them on an emulated device below sm_90.
-void mbar_init(uint64_t* bar, uint32_t count);
-void mbar_expect_tx(uint64_t* bar, uint32_t bytes);
-void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar);
-void mbar_wait(uint64_t* bar, uint32_t parity);
 // The most dynamic shared memory a launch of `kernel` may ask for: 48 KB unless cudaFuncSetAttribute
 // (cudaFuncAttributeMaxDynamicSharedMemorySize) allowed more. STRATA_CUDA_EMU_NO_DYN_SMEM=1: none at all (a
 // test's way to see that a path launched a kernel with dynamic shared memory: its launch then fails).

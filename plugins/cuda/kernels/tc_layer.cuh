@@ -27,8 +27,6 @@
 // wave. Removed.)
 #pragma once
 
-#include <atomic>
-
 #include "encode_i8.cuh"
 #include "tc_q4.cuh"
 
@@ -67,16 +65,13 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
-  static constexpr bool kStage = true;
   const LayerWork& lw;
   I8Regs& r;
-  WarpStage& stage_;
   int& primed_;   // batches of the current tile already in r
   int* s_next;    // shared: the next ticket
   int next = -1;  // thread 0: the next ticket, once taken
   int next_all;   // every thread, after refill: the next ticket (past the last one: none)
   __device__ __forceinline__ I8Regs& regs() { return r; }
-  __device__ __forceinline__ WarpStage& stage() { return stage_; }
   __device__ __forceinline__ int primed() const { return primed_; }
   __device__ __forceinline__ void near_end() {
     if (lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
@@ -114,20 +109,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
   const int n_grp = (lw.gu_tiles + 3) / 4;          // 64-row groups of h per item (the widest item's)
   int32_t* groups_ready = lw.sync + 1;              // per item: its down operand's groups encoded
   int32_t* tiles_done = lw.sync + 1 + lw.n_items;   // per item and group: gate/up tiles finished
-  // Staged batches (WarpStage, sm_90): each warp's region of the dynamic shared memory and its mbarrier.
-  STRATA_DYN_SMEM(stage_mem);
-  __shared__ uint64_t s_bars[kTcWarps];
-  const int warp = static_cast<int>(threadIdx.x) >> 5;
-#if defined(STRATA_CUDA_EMULATE) || defined(STRATA_CUDA_BULK)
-  const int n_stage = lw.stage_batches;
-#else
-  constexpr int n_stage = 0;  // (no bulk copies below sm_90: the host stages nothing there)
-#endif
-  WarpStage stage{stage_mem + warp * n_stage * kStageBatchBytes, &s_bars[warp], 0u, n_stage};
-  if (n_stage > 0 && (threadIdx.x & 31) == 0) {
-    mbar_init(&s_bars[warp], 1);
-    fence_mbar_init();
-  }
   if (threadIdx.x == 0) s_ticket = atomicAdd(lw.sync, 1);
   __syncthreads();
   int t = s_ticket;
@@ -143,8 +124,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    stage.max = imin(n_stage, t < n_gu ? lw.stage_gu : lw.stage_dn);
-    LayerCarry<FMT> carry{lw, regs, stage, primed, &s_ticket, -1, n_all};
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
       tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
@@ -196,36 +176,25 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
 // Blocks of the persistent layer kernel: as many as the device holds at once (at most one per tile), or as its
 // first max_sms SMs hold (max_sms > 0: bench_cuda --reserve-sms, whose other SMs are held by waiting blocks).
 template <auto kernel>
-int layer_blocks(int tiles, int max_sms, unsigned smem) {
+int layer_blocks(int tiles, int max_sms) {
 #if defined(STRATA_CUDA_EMULATE)
-  (void)max_sms, (void)smem;
+  (void)max_sms;
   return tiles < 3 ? tiles : 3;  // (3 blocks there, taking turns at each __syncthreads: interleaved tickets)
 #else
-  // The SMs of the current device (one kind of device per process), and this instance's resident blocks per
-  // SM with `smem` bytes of dynamic shared memory (a query per instance, as their registers differ; cached for
-  // the last size asked); 0 when a query fails.
-  static const int sms_all = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+  // Resident blocks of this instance per SM, and the SMs, on the current device (one kind of device per
+  // process; a query per instance, as their registers differ); 0 when the query fails.
+  static const int2 per_device = [] {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcWarps * 32, 0) != cudaSuccess) {
       (void)cudaGetLastError();
-      return 0;
+      return make_int2(0, 0);
     }
-    return n;
+    return make_int2(sms, per_sm);
   }();
-  static std::atomic<uint64_t> cached{~uint64_t{0}};  // smem << 32 | blocks per SM
-  uint64_t c = cached.load(std::memory_order_relaxed);
-  int per_sm = 0;
-  if ((c >> 32) == smem) {
-    per_sm = static_cast<int>(c & 0xffffffffu);
-  } else {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcWarps * 32, smem) != cudaSuccess) {
-      (void)cudaGetLastError();
-      per_sm = 0;
-    }
-    cached.store(static_cast<uint64_t>(smem) << 32 | static_cast<uint32_t>(per_sm), std::memory_order_relaxed);
-  }
-  const int sms = max_sms > 0 && max_sms < sms_all ? max_sms : sms_all;
-  const int blocks = sms * per_sm;
+  const int sms = max_sms > 0 && max_sms < per_device.x ? max_sms : per_device.x;
+  const int blocks = sms * per_device.y;
   return blocks > 0 && blocks < tiles ? blocks : tiles;
 #endif
 }
@@ -233,18 +202,8 @@ int layer_blocks(int tiles, int max_sms, unsigned smem) {
 template <auto kernel>
 cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
-  const unsigned smem = layer_smem_bytes(lw.stage_batches);
-  if (smem > 48u * 1024u) {  // (allowed once per instance and size; the host checked the device's limit)
-    static std::atomic<unsigned> allowed{0};
-    if (allowed.load(std::memory_order_relaxed) < smem) {
-      const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-      allowed.store(smem, std::memory_order_relaxed);
-    }
-  }
-  const int blocks = lw.persistent ? layer_blocks<kernel>(tiles, lw.max_sms, smem) : tiles;
-  return launch_kernel_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), smem, on, true, lw);
+  const int blocks = lw.persistent ? layer_blocks<kernel>(tiles, lw.max_sms) : tiles;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
 // lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).

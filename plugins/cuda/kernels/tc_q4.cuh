@@ -304,22 +304,6 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
   return imin(nb, 2);
 }
 
-// Staged batches (the layer kernel, sm_90, LayerWork::stage_batches): the last n of a warp's whole batches of a
-// tile are requested right after its first two (register) batches, by two bulk copies (their weights, then
-// their scales: in kTiles both are contiguous for a warp's slice) into the warp's region of shared memory, and
-// read from there when their turn comes, so a warp has more than its two register batches in flight without more registers. Batch j of
-// the n: weights at kStageWBytes j (the tile's own byte order: thread (g, q) at 64 g + 8 q), scales at
-// kStageWBytes n + kStageSBytes j (rows g at 16 g, g + 8 at 128 + 16 g). The region holds at most `max`
-// batches; a tile stages min(max, its batches - 2) (the first two stay in registers: the persistent kernel
-// loads them during the tile before). One mbarrier phase per staged tile; `phase` is its parity. (kStage*Bytes:
-// work.hpp.)
-struct WarpStage {
-  uint8_t* mem;
-  uint64_t* bar;
-  uint32_t phase;
-  int max;
-};
-
 // What a tile does for the launch around it beyond its own work (the persistent layer kernel; NoCarry: nothing).
 // kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already; near_end()
 // as the last two batches begin; before_stage() before the epilogue's shared-memory staging; refill() right
@@ -327,7 +311,6 @@ struct WarpStage {
 // these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
-  static constexpr bool kStage = false;  // (kStage: stage() is the warp's WarpStage)
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
@@ -450,59 +433,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
       }
     };
-    // Staged batches (WarpStage): the last n_st of the nb, requested now by lane 0 (lane 0's stream starts at the
-    // warp's first byte and scale); n_loaded counts the batches loaded (or skipped: primed) so far.
-    constexpr bool kStage = std::decay_t<Carry>::kStage;
-    static_assert(!kStage || (kTied && TILES), "staged batches need the layer kernel's tile streams");
-    int n_st = 0, n_loaded = 0;
-    SmemAddr st_w{}, st_s{};
-    if constexpr (kStage) {
-      WarpStage& sg = carry.stage();
-      n_st = imax(0, imin(sg.max, nb - 2));
-      st_w = smem_addr(sg.mem) + 64 * g + 8 * q;
-      st_s = smem_addr(sg.mem) + kStageWBytes * n_st + 16 * g;
-    }
-    // The staged batches' bulk copies, requested once the first two batches' loads are (the stream then points
-    // at batch 2; n_st > 0 means nb > 2), so that those, which the warp needs first, are not queued behind them.
-    auto issue_stage = [&] {
-      if constexpr (kStage) {
-        if (n_st > 0 && lane == 0) {
-          WarpStage& sg = carry.stage();
-          const int skip = nb - n_st - 2;  // batches from the stream's position to the first staged one
-          const uint8_t* ssrc = reinterpret_cast<const uint8_t*>(scale_at<kTied>(st, st.w0)) + kStageSBytes * skip;
-          fence_proxy_async();  // (this warp's reads of the region in its previous tile come first)
-          mbar_expect_tx(sg.bar, static_cast<uint32_t>(kStageBatchBytes * n_st));
-          bulk_copy(sg.mem, st.w0 + kStageWBytes * skip, static_cast<uint32_t>(kStageWBytes * n_st), sg.bar);
-          bulk_copy(sg.mem + kStageWBytes * n_st, ssrc, static_cast<uint32_t>(kStageSBytes * n_st), sg.bar);
-        }
-      }
-    };
-    // The next batch's weights and scales (from the staged region for the last n_st).
-    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) {
-      if constexpr (kStage) {
-        const int j = n_loaded++ - (nb - n_st);
-        if (j >= 0) {  // (warp-uniform)
-          if (j == 0) mbar_wait(carry.stage().bar, carry.stage().phase);
-          const int o = kStageWBytes * j;
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-#pragma unroll
-            for (int rr = 0; rr < 2; ++rr) {
-              const uint2 lo = ld_smem_u2(st_w, o + 1024 * u + 512 * rr);
-              const uint2 hi = ld_smem_u2(st_w, o + 1024 * u + 512 * rr + 32);
-              wv[u][rr] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-            }
-          }
-          if (kGrouped) {
-            sv[0] = ld_smem_f4(st_s, kStageSBytes * j);
-            sv[1] = ld_smem_f4(st_s, kStageSBytes * j + 128);
-          }
-          skip_i8_batch<kGrouped, kTied>(st);
-          return;
-        }
-      }
-      load_i8_batch<kGrouped, kTied>(wv, sv, st);
-    };
+    // The next batch's weights and scales.
+    auto load_w = [&](uint4 (&wv)[UN][2], float4 (&sv)[2]) { load_i8_batch<kGrouped, kTied>(wv, sv, st); };
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
@@ -543,23 +475,11 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     run_batches(
-        nb, R.wa, R.wb, R.sa, R.sb, load_w,
-        [&] {
-          skip_i8_batch<kGrouped, kTied>(st);
-          ++n_loaded;
-        },
-        carry.primed(),
-        [&] {
-          issue_stage();
-          wait_inputs();
-        },
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
           if (kAheadB) load_b(bc, mc);
         },
         run_batch, [&] { carry.near_end(); });
-    if constexpr (kStage) {
-      if (n_st > 0) carry.stage().phase ^= 1u;
-    }
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.

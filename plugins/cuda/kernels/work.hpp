@@ -106,8 +106,6 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
-  int32_t stage_batches;  // each warp's staged batches at most (WarpStage, tc_q4.cuh; sm_90 only), 0: none
-  int32_t stage_gu, stage_dn;  // of which a gate/up, a down tile stages at most
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
@@ -124,12 +122,6 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimel
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
 constexpr int kTcLinearTiles = 4;
-// The layer kernel's staged batches (WarpStage, tc_q4.cuh): a batch's weights (2 units of a 16-row tile) and
-// Q4_G64 scales (4 groups of 16 rows), and the dynamic shared memory of a launch staging up to n per warp.
-constexpr int kStageWBytes = 2048, kStageSBytes = 256, kStageBatchBytes = kStageWBytes + kStageSBytes;
-inline unsigned layer_smem_bytes(int stage_batches) {
-  return static_cast<unsigned>(kTcWarps * stage_batches * kStageBatchBytes);
-}
 // The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 rows of gate
 // and of up, or 128 rows of a linear matrix.
 constexpr int kWideNt = 8;
