@@ -3,10 +3,11 @@
 # machine (no apt there) can run them: tools/device/bundle.sh [BUILD_DIR] [OUT_DIR]; then run with
 # LD_LIBRARY_PATH=OUT_DIR/lib OUT_DIR/bin/<program>. BINS="test_cuda bench_cuda" bundles only those programs
 # (and the libraries they need): the tree and what is carried travel to the device within 64 MiB together.
+# Only OUT_DIR's bin/ and lib/ are replaced: files beside them (a run script written into the bundle) stay.
 set -euo pipefail
 build=${1:-build}
 out=${2:-devbundle}
-rm -rf "$out"
+rm -rf "$out/bin" "$out/lib"
 mkdir -p "$out/bin" "$out/lib/strata/plugins"
 for b in ${BINS:-strata bench_kernels bench_decode bench_e2e make_synthetic_model bench_cuda bench_read test_cuda}; do
   [ -x "$build/bin/$b" ] && cp "$build/bin/$b" "$out/bin/"
