@@ -1020,6 +1020,74 @@ TEST_CASE(
   }
 }
 
+// The layer kernel's ring form (STRATA_CUDA_LAYER_RING=N: a producer warp per block bulk-copies each tile's
+// weight batches into a ring of N stages that the tile's warps read in turn) against the separate launches:
+// the same bits, and cpu_generic within 1e-5. Shapes whose tiles split into whole batches (gate/up 1, 2, 3, 5
+// batches per warp; down 1, 2, 3, 5), rings shorter and longer than a tile's batches (each stage then refilled
+// 0-4 times), 1 and 2 n-tiles, both blocks-per-SM instances. A shape that does not split so (K of 4 groups in gate/up) takes the register form in
+// the same group sequence. In the emulation, also that the ring form really ran: with dynamic shared memory
+// refused (STRATA_CUDA_EMU_NO_DYN_SMEM=1) its launch fails, the register form's does not.
+static void gpu_case_layer_ring(const PluginRecord* rec) {
+  auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
+  auto ref = cpu_reference();
+  std::mt19937 rng(4242);
+  using Env = std::vector<std::pair<const char*, const char*>>;
+  const Env modes[] = {{{"STRATA_CUDA_LAYER_RING", "1"}},
+                       {{"STRATA_CUDA_LAYER_RING", "2"}},
+                       {{"STRATA_CUDA_LAYER_RING", "3"}, {"STRATA_CUDA_LAYER_RING_BLOCKS", "3"}},
+                       {{"STRATA_CUDA_LAYER_RING", "16"}}};
+  for (const Env& env : modes) {
+    std::string mode;
+    for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
+    CAPTURE(mode);
+    auto ring = make_cuda_with_envs(*rec, env);
+    for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+      CAPTURE(weight_format_name(f));
+      for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{512, 256},
+                                     {1024, 512},
+                                     {1536, 768},
+                                     {2560, 1280},
+                                     {256, 256}}) {
+        const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;  // (clang 14 cannot capture bindings)
+        CAPTURE(hidden);
+        CAPTURE(ffn);
+        for (const std::vector<int>& counts : {std::vector<int>{1, 2, 0, 1}, std::vector<int>{1, 2, 0, 3}}) {
+          CAPTURE(counts.back());
+          const Group grp(rng, hidden, ffn, 4, counts, same_format(f, counts.size()));
+          const auto want = grp.run(*passes);
+          const auto cpu = grp.run(*ref);
+          std::vector<ResidentMatrix> keep;
+          const auto got = on_device(*ring, grp, keep).run(*ring);
+          for (size_t e = 0; e < grp.experts.size(); ++e) {
+            CAPTURE(e);
+            CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+            CHECK(rel_err(got[e].data(), cpu[e].data(), cpu[e].size()) <= kExactTol);
+          }
+        }
+      }
+    }
+  }
+  if (rec->name == std::string("cuda_emu")) {
+    auto ring = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_RING", "2");
+    auto regs = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_RING", "0");
+    const Group grp(rng, 512, 256, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
+    std::vector<ResidentMatrix> keep_ring, keep_regs;
+    const Group& on_ring = on_device(*ring, grp, keep_ring);
+    const Group& on_regs = on_device(*regs, grp, keep_regs);
+    ::setenv("STRATA_CUDA_EMU_NO_DYN_SMEM", "1", 1);
+    CHECK_THROWS(on_ring.run(*ring));
+    CHECK_NOTHROW(on_regs.run(*regs));
+    ::unsetenv("STRATA_CUDA_EMU_NO_DYN_SMEM");
+  }
+}
+
+TEST_CASE("cuda layer kernel, ring form: the bits of the separate launches, within 1e-5") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_layer_ring(rec);
+  }
+}
+
 // The wide exact kernels (tc_wide.cuh: the 16-token chunks of experts and matmul calls with at least
 // STRATA_CUDA_WIDE_MIN_ROWS rows; 8 warps sharing each load batch's operand through shared memory) against
 // the narrow ones (STRATA_CUDA_WIDE_MIN_ROWS=0): the same bits, and cpu_generic within 1e-5. Both int4

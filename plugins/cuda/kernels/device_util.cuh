@@ -309,6 +309,110 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// mbarriers and bulk copies global -> shared memory (sm_90: cp.async.bulk, the TMA unit's 1-D form; the
+// layer kernel's weight ring, tc_layer.cuh). mbar_init: `count` arrivals per phase (then fence_mbar_init and a
+// __syncthreads before any use); mbar_arrive: one arrival (release: this thread's earlier reads of the
+// shared memory it guards are done); mbar_expect_tx: one arrival that also tells the phase to wait for `bytes`
+// more; bulk_copy: `bytes` (a multiple of 16, both addresses 16-byte aligned) counted against the barrier's
+// phase as they land; mbar_wait: returns once the phase of that parity has completed. Only compiled for sm_90+
+// (the host never launches their kernels below); the emulation queues the copies and carries them out at the
+// first wait (emu_device.hpp).
+#if !defined(STRATA_CUDA_EMULATE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STRATA_CUDA_BULK 1
+#endif
+#if !defined(STRATA_CUDA_EMULATE)
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_init(bar, count);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#else
+  (void)bar, (void)count;
+#endif
+}
+__device__ __forceinline__ void fence_mbar_init() {
+#if defined(STRATA_CUDA_BULK)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_arrive(bar);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+#else
+  (void)bar;
+#endif
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_expect_tx(bar, bytes);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+#else
+  (void)bar, (void)bytes;
+#endif
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::bulk_copy(dst, src, bytes, bar);
+#elif defined(STRATA_CUDA_BULK)
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+#else
+  (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::mbar_wait(bar, parity);
+#elif defined(STRATA_CUDA_BULK)
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#else
+  (void)bar, (void)parity;
+#endif
+}
+// A named barrier (bar.sync id, threads; id 1-15, whole warps): the warps of a block's part meet without the
+// others (the layer kernel's consumer warps, while its producer warp streams).
+__device__ __forceinline__ void bar_sync(int id, int threads) {
+#if defined(STRATA_CUDA_EMULATE)
+  emu::bar_sync(id, threads);
+#else
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+// Plain loads from shared memory (the layer kernel's ring, after its mbarrier wait: ordered by the wait's
+// memory clobber, and free for the compiler to schedule among themselves; the emulation checks alignment).
+__device__ __forceinline__ uint2 ld_ring_u2(const uint8_t* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::load(reinterpret_cast<const uint2*>(p));
+#else
+  return *reinterpret_cast<const uint2*>(p);
+#endif
+}
+__device__ __forceinline__ float4 ld_ring_f4(const uint8_t* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::load(reinterpret_cast<const float4*>(p));
+#else
+  return *reinterpret_cast<const float4*>(p);
+#endif
+}
+
 // A flag between blocks of one launch, read with ld.acquire at GPU scope (the writer: __threadfence, then an
 // atomic; the emulation runs one block at a time: a plain read). sleep_ns: a pause in a wait loop (the
 // emulation: another block's turn).

@@ -27,6 +27,8 @@
 // wave. Removed.)
 #pragma once
 
+#include <atomic>
+
 #include "encode_i8.cuh"
 #include "tc_q4.cuh"
 
@@ -171,6 +173,214 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     if (lw.timeline != nullptr && threadIdx.x == 0) write_timeline(lw, t, s_times);
     t = carry.next_all;
   }
+}
+
+// ---- The ring form (LayerWork::ring_stages > 0; sm_90): a producer warp per block streams the tile's weights.
+//
+// A block is the tile's 4 warps plus a fifth, the producer. It copies each warp's load batches (its weights,
+// 2 KB, and their Q4_G64 scales, 256 B: both contiguous in kTiles) into a ring of ring_stages stages in
+// shared memory (a stage: batch b of every warp) with bulk copies, as far ahead as the ring allows; each warp
+// takes its batches from there in turn (WeightRing::take) and computes exactly as tc_q4_tile does from its
+// registers, so the bits are the same. The bytes in flight for a block are the ring's, not two register
+// batches per warp, and the producer's stream never waits on the arithmetic, the B loads or the tile's start
+// (it requests the first stages before the tile waits for its inputs). The planner takes this form only where
+// every tile's 4 warps have the same number of whole batches and no remainder (the ring's stages hold a batch of
+// every warp), and the weights and scales are 16-byte aligned (bulk copies).
+// A stage's full barrier completes when the producer's copies have landed (one arrival with the bytes); its
+// empty barrier when the tile's 128 threads have read it (one arrival each).
+struct WeightRing {
+  static constexpr bool kRing = true;
+  uint8_t* ring;
+  uint64_t* full;
+  uint64_t* empty;
+  int stages;
+  bool grouped;  // Q4_G64: each batch carries its scales
+  __device__ __forceinline__ void sync() const { bar_sync(1, kTcWarps * 32); }
+  // This thread's words of the next batch (slot, phase: where it is in the ring; advanced) as load_i8_batch
+  // would load them from the tile, and its scales (zeros without).
+  __device__ __forceinline__ void take(int& slot, uint32_t& phase, int warp, int g, int q, uint4 (&wv)[2][2],
+                                       float4 (&sv)[2]) const {
+    mbar_wait(full + slot, phase);
+    const uint8_t* p = ring + slot * kRingStageBytes + warp * kRingBatchBytes;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* r = p + u * 1024 + h * 512 + 64 * g + 8 * q;  // (kTiles: rows g, g + 8 of a unit)
+        const uint2 lo = ld_ring_u2(r), hi = ld_ring_u2(r + 32);
+        wv[u][h] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      sv[h] = grouped ? ld_ring_f4(p + kRingWBytes + h * 128 + 16 * g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    mbar_arrive(empty + slot);
+    if (++slot == stages) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// The producer warp's stream for tile bx of `it` (every lane runs it, lane 0 issues): batch b of each of the
+// tile's warps into stage b % stages, once the tile's warps have read what the stage held before.
+template <int FMT, bool GATE_UP>
+__device__ __forceinline__ void ring_produce(const WorkItem& it, int bx, const WeightRing& rg) {
+  constexpr bool kGrouped = FMT == kQ4G64;
+  const uint8_t* w_src[kTcWarps];
+  const uint8_t* s_src[kTcWarps];
+  int nb = 0;
+#pragma unroll
+  for (int w = 0; w < kTcWarps; ++w) {
+    WarpSlice ws;
+    if (!warp_slice<GATE_UP, true>(it, bx, w, 0, ws)) return;  // (the whole tile is past the item's rows)
+    const WeightStream st = weight_stream<kGrouped, true, true>(ws, 0);
+    w_src[w] = st.w0;
+    s_src[w] = reinterpret_cast<const uint8_t*>(scale_at<true>(st, st.w0));
+    nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;  // (the same for every warp: the planner's)
+  }
+  const uint32_t bytes = kTcWarps * (kRingWBytes + (kGrouped ? kRingSBytes : 0));
+  const bool issuer = (threadIdx.x & 31) == 0;
+  int slot = 0;
+  uint32_t phase = 0;
+  for (int b = 0; b < nb; ++b) {
+    if (b >= rg.stages) mbar_wait(rg.empty + slot, phase ^ 1u);  // batch b - stages read by all 128 threads
+    if (issuer) {
+      mbar_expect_tx(rg.full + slot, bytes);
+      uint8_t* dst = rg.ring + slot * kRingStageBytes;
+#pragma unroll
+      for (int w = 0; w < kTcWarps; ++w) {
+        bulk_copy(dst + w * kRingBatchBytes, w_src[w] + static_cast<int64_t>(b) * kRingWBytes, kRingWBytes,
+                  rg.full + slot);
+        if (kGrouped) {
+          bulk_copy(dst + w * kRingBatchBytes + kRingWBytes, s_src[w] + static_cast<int64_t>(b) * kRingSBytes,
+                    kRingSBytes, rg.full + slot);
+        }
+      }
+    }
+    __syncwarp();
+    if (++slot == rg.stages) {
+      slot = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+// The layer kernel in the ring form: a block per tile (tickets as tc_q4_layer_kernel's, same counting and
+// encoding), (kTcWarps + 1) warps, lw.ring_stages * kRingStageBytes of dynamic shared memory. MINB: blocks per
+// SM asked of the register allocator. Compiled for sm_90 only (bulk copies; the host never launches it below).
+template <int FMT, int NT, int MINB>
+__global__ void __launch_bounds__((kTcWarps + 1) * 32, MINB) tc_q4_layer_ring_kernel(LayerWork lw) {
+#if defined(STRATA_CUDA_EMULATE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+  grid_dep_launch();
+  __shared__ int s_ticket, s_last;
+  __shared__ uint64_t s_full[kRingMaxStages], s_empty[kRingMaxStages];
+  __shared__ uint64_t s_times[kTimelineWords];
+  STRATA_DYN_SMEM(ring);
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int n_gu = lw.n_items * lw.gu_tiles;
+  const int n_all = n_gu + lw.n_items * lw.dn_tiles;
+  const int n_grp = (lw.gu_tiles + 3) / 4;
+  int32_t* groups_ready = lw.sync + 1;
+  int32_t* tiles_done = lw.sync + 1 + lw.n_items;
+  auto mark = [&](int k) {
+    if (lw.timeline != nullptr && threadIdx.x == 0) s_times[k] = global_ns();
+  };
+  if (threadIdx.x == 0) {
+    s_ticket = atomicAdd(lw.sync, 1);
+    for (int k = 0; k < lw.ring_stages; ++k) {
+      mbar_init(s_full + k, 1);
+      mbar_init(s_empty + k, kTcWarps * 32);
+    }
+    fence_mbar_init();
+    if (lw.timeline != nullptr) s_times[kTimelineInputs] = 0;
+  }
+  mark(kTimelineBegin);
+  __syncthreads();
+  const int t = s_ticket;
+  if (t >= n_all) return;
+  const WeightRing rg{ring, s_full, s_empty, lw.ring_stages, FMT == kQ4G64};
+  if (t < n_gu) {
+    const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
+    if (warp == kTcWarps) {
+      ring_produce<FMT, true>(lw.items[i], bx, rg);
+    } else {
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, (NT <= 1), true>(
+          lw.items[i], bx,
+          [&] {
+            grid_dep_wait();
+            mark(kTimelineInputs);
+          },
+          NoCarry{}, rg);
+    }
+    __threadfence();  // this thread's h, before the count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      s_last = atomicAdd(tiles_done + i * n_grp + grp, 1) == imin(4, lw.gu_tiles - 4 * grp) - 1;
+    }
+    __syncthreads();
+    const PrepJob& job = lw.dn_jobs[i];
+    if (s_last && grp < job.kp / kColPad) {  // (as tc_q4_layer_kernel: the group's last tile encodes it)
+      grid_dep_wait();
+      __threadfence();
+      for (int r = warp; r < job.ncols / kI8Planes; r += kTcWarps + 1) {
+        encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
+      }
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
+    }
+  } else {
+    const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
+    const int need = lw.dn_jobs[i].kp / kColPad;
+    if (warp == kTcWarps) {
+      ring_produce<FMT, false>(lw.items[lw.n_items + i], bx, rg);
+    } else {
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, (NT <= 1), true>(
+          lw.items[lw.n_items + i], bx,
+          [&] {
+            grid_dep_wait();
+            if (threadIdx.x == 0) {
+              while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
+            }
+            rg.sync();
+            mark(kTimelineInputs);
+          },
+          NoCarry{}, rg);
+    }
+  }
+  if (lw.timeline != nullptr && threadIdx.x == 0) write_timeline(lw, t, s_times);
+#else
+  (void)lw;
+#endif
+}
+
+template <auto kernel>
+cudaError_t launch_ring_instance(const LayerWork& lw, const Queue& on) {
+  if (lw.ring_stages <= 0 || lw.ring_stages > kRingMaxStages) return cudaErrorInvalidValue;
+  const unsigned smem = static_cast<unsigned>(lw.ring_stages) * kRingStageBytes;
+  if (smem > 48u * 1024u) {  // (allowed once per instance and size; the host checked the device's limit)
+    static std::atomic<unsigned> allowed{0};
+    if (allowed.load(std::memory_order_relaxed) < smem) {
+      const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+      allowed.store(smem, std::memory_order_relaxed);
+    }
+  }
+  const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
+  return launch_kernel_smem(kernel, dim3(static_cast<unsigned>(tiles)), dim3((kTcWarps + 1) * 32), smem, on, true, lw);
+}
+
+// Launches the ring form (minb: 3 or 4 blocks per SM at 1 n-tile, 3 at 2); cudaErrorInvalidValue for an
+// instance that does not exist.
+template <int FMT>
+cudaError_t launch_tc_q4_layer_ring(int nt, int minb, const LayerWork& lw, const Queue& on) {
+  if (lw.n_items <= 0) return cudaSuccess;
+  if (nt == 1 && minb == 4) return launch_ring_instance<&tc_q4_layer_ring_kernel<FMT, 1, 4>>(lw, on);
+  if (nt == 1 && minb == 3) return launch_ring_instance<&tc_q4_layer_ring_kernel<FMT, 1, 3>>(lw, on);
+  if (nt == 2 && minb == 3) return launch_ring_instance<&tc_q4_layer_ring_kernel<FMT, 2, 3>>(lw, on);
+  return cudaErrorInvalidValue;
 }
 
 // Blocks of the persistent layer kernel: as many as the device holds at once (at most one per tile), or as its
