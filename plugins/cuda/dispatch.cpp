@@ -508,12 +508,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
   settings_.layer_ring = env_int("STRATA_CUDA_LAYER_RING", 0, kRingMaxStages, 0, settings_.layer_ring);
   settings_.layer_ring_blocks = env_int("STRATA_CUDA_LAYER_RING_BLOCKS", 3, 4, 4, settings_.layer_ring_blocks);
-  settings_.layer_ring_batches = env_int("STRATA_CUDA_LAYER_RING_BATCHES", 1, 8, 2, settings_.layer_ring_batches);
   // (bulk copies and mbarriers are sm_90's; the ring must fit the shared memory a block may have)
   if (sm_major_ < 9 || kernels_ptx_version() < 90) settings_.layer_ring = 0;
   while (settings_.layer_ring > 0 &&
-         layer_ring_smem(settings_.layer_ring, settings_.layer_ring_batches) + 16384 >
-             static_cast<unsigned>(smem_optin))
+         static_cast<int64_t>(settings_.layer_ring) * kRingStageBytes + 16384 > static_cast<int64_t>(smem_optin))
     --settings_.layer_ring;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
@@ -1035,9 +1033,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     };
     for (const Chunk& c : chunks) {
       if (!p.ring_ok) break;
-      const int kb = settings_.layer_ring_batches;
-      p.ring_ok = (c.gate.dm.kp / kColPad) % (8 * kb) == 0 && (c.down.dm.kp / kColPad) % (4 * kb) == 0 &&
-                  aligned(c.gate.dm) &&
+      p.ring_ok = (c.gate.dm.kp / kColPad) % 8 == 0 && (c.down.dm.kp / kColPad) % 4 == 0 && aligned(c.gate.dm) &&
                   aligned(c.up.dm) && aligned(c.down.dm);
     }
   }
@@ -1245,9 +1241,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(static_cast<uint64_t>(
-      ring_form(settings_, p) ? (settings_.layer_ring * 16 + settings_.layer_ring_batches) * 8 + settings_.layer_ring_blocks
-                              : 0));
+  put(static_cast<uint64_t>(ring_form(settings_, p) ? settings_.layer_ring * 8 + settings_.layer_ring_blocks : 0));
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1351,7 +1345,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     if (ring_form(settings_, p)) {
       lw.persistent = 0;
       lw.ring_stages = settings_.layer_ring;
-      lw.ring_batches = settings_.layer_ring_batches;
       const int minb = gu.nt == 1 ? settings_.layer_ring_blocks : 3;
       e = gu.dtype == kQ4G64 ? launch_layer_q4g64_ring(gu.nt, minb, lw, on)
                              : launch_layer_q4row_ring(gu.nt, minb, lw, on);

@@ -194,23 +194,14 @@ struct WeightRing {
   uint64_t* full;
   uint64_t* empty;
   int stages;
-  int batches;   // per warp and stage
   bool grouped;  // Q4_G64: each batch carries its scales
   __device__ __forceinline__ void sync() const { bar_sync(1, kTcWarps * 32); }
-  // The place of batch k (0 .. batches - 1) of this warp in stage `slot`: its weights at the result, its scales
-  // at the result + scale_off().
-  __device__ __forceinline__ const uint8_t* batch_at(int slot, int warp, int k) const {
-    return ring + (slot * kTcWarps + warp) * batches * kRingBatchBytes + k * kRingWBytes;
-  }
-  __device__ __forceinline__ int scale_off(int k) const {
-    return (batches - k) * kRingWBytes + k * kRingSBytes;
-  }
-  // This thread's words of batch k of the stage at `slot` as load_i8_batch would load them from the tile, and
-  // its scales (zeros without); the stage's first batch waits for the stage to land.
-  __device__ __forceinline__ void take(int slot, uint32_t phase, int k, int warp, int g, int q, uint4 (&wv)[2][2],
+  // This thread's words of the next batch (slot, phase: where it is in the ring; advanced) as load_i8_batch
+  // would load them from the tile, and its scales (zeros without).
+  __device__ __forceinline__ void take(int& slot, uint32_t& phase, int warp, int g, int q, uint4 (&wv)[2][2],
                                        float4 (&sv)[2]) const {
-    if (k == 0) mbar_wait(full + slot, phase);
-    const uint8_t* p = batch_at(slot, warp, k);
+    mbar_wait(full + slot, phase);
+    const uint8_t* p = ring + slot * kRingStageBytes + warp * kRingBatchBytes;
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
 #pragma unroll
@@ -220,20 +211,19 @@ struct WeightRing {
         wv[u][h] = make_uint4(lo.x, lo.y, hi.x, hi.y);
       }
     }
-    const int so = scale_off(k);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      sv[h] = grouped ? ld_ring_f4(p + so + h * 128 + 16 * g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      sv[h] = grouped ? ld_ring_f4(p + kRingWBytes + h * 128 + 16 * g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    mbar_arrive(empty + slot);
+    if (++slot == stages) {
+      slot = 0;
+      phase ^= 1u;
+    }
   }
-  // Frees the stage at `slot` once this thread's batches of it have been computed (their registers consumed
-  // by the tensor cores: the reads are done before the producer's copies may land there).
-  __device__ __forceinline__ void release(int slot) const { mbar_arrive(empty + slot); }
 };
 
-// The producer warp's stream for tile bx of `it` (every lane runs it, lane 0 issues): batches
-// [c batches, (c + 1) batches) of each of the tile's warps into stage c % stages, once the tile's warps have
-// computed what the stage held before; one bulk copy per warp for the weights (batches x 2 KB) and one for
-// the scales.
+// The producer warp's stream for tile bx of `it` (every lane runs it, lane 0 issues): batch b of each of the
+// tile's warps into stage b % stages, once the tile's warps have read what the stage held before.
 template <int FMT, bool GATE_UP>
 __device__ __forceinline__ void ring_produce(const WorkItem& it, int bx, const WeightRing& rg) {
   constexpr bool kGrouped = FMT == kQ4G64;
@@ -249,22 +239,23 @@ __device__ __forceinline__ void ring_produce(const WorkItem& it, int bx, const W
     s_src[w] = reinterpret_cast<const uint8_t*>(scale_at<true>(st, st.w0));
     nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;  // (the same for every warp: the planner's)
   }
-  const int kb = rg.batches;
-  const uint32_t w_bytes = kb * kRingWBytes, s_bytes = kb * kRingSBytes;
-  const uint32_t bytes = kTcWarps * (w_bytes + (kGrouped ? s_bytes : 0));
+  const uint32_t bytes = kTcWarps * (kRingWBytes + (kGrouped ? kRingSBytes : 0));
   const bool issuer = (threadIdx.x & 31) == 0;
   int slot = 0;
   uint32_t phase = 0;
-  for (int c = 0; c * kb < nb; ++c) {
-    if (c >= rg.stages) mbar_wait(rg.empty + slot, phase ^ 1u);  // chunk c - stages computed by all 128 threads
+  for (int b = 0; b < nb; ++b) {
+    if (b >= rg.stages) mbar_wait(rg.empty + slot, phase ^ 1u);  // batch b - stages read by all 128 threads
     if (issuer) {
       mbar_expect_tx(rg.full + slot, bytes);
+      uint8_t* dst = rg.ring + slot * kRingStageBytes;
 #pragma unroll
       for (int w = 0; w < kTcWarps; ++w) {
-        uint8_t* dst = const_cast<uint8_t*>(rg.batch_at(slot, w, 0));
-        bulk_copy(dst, w_src[w] + static_cast<int64_t>(c) * w_bytes, w_bytes, rg.full + slot);
-        if (kGrouped)
-          bulk_copy(dst + rg.scale_off(0), s_src[w] + static_cast<int64_t>(c) * s_bytes, s_bytes, rg.full + slot);
+        bulk_copy(dst + w * kRingBatchBytes, w_src[w] + static_cast<int64_t>(b) * kRingWBytes, kRingWBytes,
+                  rg.full + slot);
+        if (kGrouped) {
+          bulk_copy(dst + w * kRingBatchBytes + kRingWBytes, s_src[w] + static_cast<int64_t>(b) * kRingSBytes,
+                    kRingSBytes, rg.full + slot);
+        }
       }
     }
     __syncwarp();
@@ -276,7 +267,7 @@ __device__ __forceinline__ void ring_produce(const WorkItem& it, int bx, const W
 }
 
 // The layer kernel in the ring form: a block per tile (tickets as tc_q4_layer_kernel's, same counting and
-// encoding), (kTcWarps + 1) warps, layer_ring_smem(lw.ring_stages, lw.ring_batches) bytes of dynamic shared memory. MINB: blocks per
+// encoding), (kTcWarps + 1) warps, lw.ring_stages * kRingStageBytes of dynamic shared memory. MINB: blocks per
 // SM asked of the register allocator. Compiled for sm_90 only (bulk copies; the host never launches it below).
 template <int FMT, int NT, int MINB>
 __global__ void __launch_bounds__((kTcWarps + 1) * 32, MINB) tc_q4_layer_ring_kernel(LayerWork lw) {
@@ -308,7 +299,7 @@ __global__ void __launch_bounds__((kTcWarps + 1) * 32, MINB) tc_q4_layer_ring_ke
   __syncthreads();
   const int t = s_ticket;
   if (t >= n_all) return;
-  const WeightRing rg{ring, s_full, s_empty, lw.ring_stages, lw.ring_batches, FMT == kQ4G64};
+  const WeightRing rg{ring, s_full, s_empty, lw.ring_stages, FMT == kQ4G64};
   if (t < n_gu) {
     const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
     if (warp == kTcWarps) {
@@ -366,11 +357,9 @@ __global__ void __launch_bounds__((kTcWarps + 1) * 32, MINB) tc_q4_layer_ring_ke
 
 template <auto kernel>
 cudaError_t launch_ring_instance(const LayerWork& lw, const Queue& on) {
-  if (lw.ring_stages <= 0 || lw.ring_stages > kRingMaxStages || lw.ring_batches <= 0) return cudaErrorInvalidValue;
-  const unsigned smem = layer_ring_smem(lw.ring_stages, lw.ring_batches);
-  // (allowed once per instance and size, whatever the size: with the kernel's static shared memory a ring below
-  // 48 KB may still need it; the host checked the device's limit)
-  {
+  if (lw.ring_stages <= 0 || lw.ring_stages > kRingMaxStages) return cudaErrorInvalidValue;
+  const unsigned smem = static_cast<unsigned>(lw.ring_stages) * kRingStageBytes;
+  if (smem > 48u * 1024u) {  // (allowed once per instance and size; the host checked the device's limit)
     static std::atomic<unsigned> allowed{0};
     if (allowed.load(std::memory_order_relaxed) < smem) {
       const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),

@@ -488,27 +488,18 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     if constexpr (kRing) {
-      // The ring's batches in turn (src.take: waits for a stage's first batch, reads this thread's words and
-      // scales into registers; src.release once the stage's batches are computed); the stream's pointers then
-      // skip them (the remainder's).
+      // The ring's batches in turn (src.take: waits for the batch, reads this thread's words and scales into
+      // registers, frees its place for the producer); the stream's pointers then skip them (the remainder's).
       (void)R;
       wait_inputs();
       if (nb > 0 && kAheadB) load_b(bc, mc);
-      int slot = 0, k = 0;
+      int slot = 0;
       uint32_t phase = 0;
       for (int bi = 0; bi < nb; ++bi) {
         uint4 wv[UN][2];
         float4 sv[2];
-        src.take(slot, phase, k, warp, g, q, wv, sv);
+        src.take(slot, phase, warp, g, q, wv, sv);
         run_batch(wv, sv, bi + 1 == nb);
-        if (++k == src.batches) {
-          src.release(slot);
-          k = 0;
-          if (++slot == src.stages) {
-            slot = 0;
-            phase ^= 1u;
-          }
-        }
       }
       static_assert(!kRing || kTied, "the ring's tiles keep their scales beside the weights' pointer (TIED)");
       st.w0 += static_cast<int64_t>(nb) * 2 * st.w_u;

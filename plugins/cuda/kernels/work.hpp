@@ -106,8 +106,7 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
-  int32_t ring_stages;   // the ring form (tc_q4_layer_ring_kernel, sm_90): its stages; 0: the register form
-  int32_t ring_batches;  // its load batches per warp and stage
+  int32_t ring_stages;  // the ring form (tc_q4_layer_ring_kernel, sm_90): its stages; 0: the register form
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
@@ -124,14 +123,11 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimel
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
 constexpr int kTcLinearTiles = 4;
-// The layer kernel's weight ring (tc_layer.cuh): a stage holds `batches` load batches of each of a tile's
-// warps, a batch its weights (2 units of a 16-row tile) and Q4_G64 scales (4 groups of 16 rows).
+// The layer kernel's weight ring (tc_layer.cuh): a stage holds one load batch of each of a tile's warps, its
+// weights (2 units of a 16-row tile) and Q4_G64 scales (4 groups of 16 rows).
 constexpr int kRingWBytes = 2048, kRingSBytes = 256, kRingBatchBytes = kRingWBytes + kRingSBytes;
 constexpr int kRingStageBytes = kTcWarps * kRingBatchBytes;
 constexpr int kRingMaxStages = 16;
-inline unsigned layer_ring_smem(int stages, int batches) {
-  return static_cast<unsigned>(stages * batches * kRingStageBytes);
-}
 // The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 rows of gate
 // and of up, or 128 rows of a linear matrix.
 constexpr int kWideNt = 8;
