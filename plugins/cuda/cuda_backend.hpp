@@ -115,14 +115,6 @@ struct Settings {
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
-  // The layer kernel's ring form (tc_q4_layer_ring_kernel, tc_layer.cuh): a producer warp per block streams
-  // each tile's weights into a ring of this many stages in shared memory (9 KB each), a block per tile; 0: the
-  // register form. sm_90 and compute_90+ kernels only, within the device's shared memory per block, and only
-  // for groups whose tiles split into whole batches (Plan::ring_ok). Same results bit for bit.
-  // STRATA_CUDA_LAYER_RING=N (0-16); STRATA_CUDA_LAYER_RING_BLOCKS=3 or 4: the blocks per SM its 1-n-tile
-  // instance is built for (3 at 2 n-tiles).
-  int layer_ring = 0;
-  int layer_ring_blocks = 4;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

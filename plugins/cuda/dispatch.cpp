@@ -315,14 +315,7 @@ struct Plan {
   // count; zero in the pinned head, so that the head's copy clears them before each launch).
   bool layer = false;
   uint64_t sync_off = 0, sync_bytes = 0;
-  // The layer kernel may take its ring form (Settings::layer_ring): every tile's 4 warps have the same number
-  // of whole load batches and no remainder (gate/up: K a multiple of 8 groups; down: of 4), and every matrix's
-  // weights and scales are 16-byte aligned (bulk copies).
-  bool ring_ok = false;
 };
-
-// Whether a plan's layer kernel runs in its ring form.
-static bool ring_form(const Settings& st, const Plan& p) { return p.layer && p.ring_ok && st.layer_ring > 0; }
 
 // plan_group's working lists (a slot keeps them: Slot::scratch).
 struct PlanScratch {
@@ -506,13 +499,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  settings_.layer_ring = env_int("STRATA_CUDA_LAYER_RING", 0, kRingMaxStages, 0, settings_.layer_ring);
-  settings_.layer_ring_blocks = env_int("STRATA_CUDA_LAYER_RING_BLOCKS", 3, 4, 4, settings_.layer_ring_blocks);
-  // (bulk copies and mbarriers are sm_90's; the ring must fit the shared memory a block may have)
-  if (sm_major_ < 9 || kernels_ptx_version() < 90) settings_.layer_ring = 0;
-  while (settings_.layer_ring > 0 &&
-         static_cast<int64_t>(settings_.layer_ring) * kRingStageBytes + 16384 > static_cast<int64_t>(smem_optin))
-    --settings_.layer_ring;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1026,16 +1012,6 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
-    p.ring_ok = p.layer;
-    auto aligned = [](const DevMatrix& m) {
-      return reinterpret_cast<uintptr_t>(m.data) % 16 == 0 &&
-             (m.scales == nullptr || reinterpret_cast<uintptr_t>(m.scales) % 16 == 0);
-    };
-    for (const Chunk& c : chunks) {
-      if (!p.ring_ok) break;
-      p.ring_ok = (c.gate.dm.kp / kColPad) % 8 == 0 && (c.down.dm.kp / kColPad) % 4 == 0 && aligned(c.gate.dm) &&
-                  aligned(c.up.dm) && aligned(c.down.dm);
-    }
   }
 }
 
@@ -1241,7 +1217,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(static_cast<uint64_t>(ring_form(settings_, p) ? settings_.layer_ring * 8 + settings_.layer_ring_blocks : 0));
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1341,17 +1316,9 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.max_sms = settings_.layer_sms;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
-    cudaError_t e;
-    if (ring_form(settings_, p)) {
-      lw.persistent = 0;
-      lw.ring_stages = settings_.layer_ring;
-      const int minb = gu.nt == 1 ? settings_.layer_ring_blocks : 3;
-      e = gu.dtype == kQ4G64 ? launch_layer_q4g64_ring(gu.nt, minb, lw, on)
-                             : launch_layer_q4row_ring(gu.nt, minb, lw, on);
-    } else {
-      const bool lean = layer_lean_for(gu.nt);
-      e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on) : launch_layer_q4row_tc(gu.nt, lean, lw, on);
-    }
+    const bool lean = layer_lean_for(gu.nt);
+    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
+                                             : launch_layer_q4row_tc(gu.nt, lean, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
                      std::to_string(gu.n_items) + " experts)");
     return;

@@ -86,7 +86,7 @@ namespace {
 
 constexpr size_t kStack = 256 * 1024;
 
-enum Op { kNone, kSync, kShfl, kMma, kMmaS8, kBarrier, kWait };
+enum Op { kNone, kSync, kShfl, kMma, kMmaS8, kBarrier };
 
 struct Warp;
 
@@ -105,7 +105,6 @@ struct Warp {
   Op op[32];
   float shfl_in[32], shfl_out[32];
   int shfl_mask[32];
-  int bar_id[32], bar_count[32];  // kBarrier: the barrier (0: __syncthreads) and its thread count
   uint32_t a[32][4], b[32][2];
   float c[32][4], d[32][4];
   int32_t ci[32][4], di[32][4];
@@ -268,16 +267,12 @@ void start_warp(Warp& w, int w_index) {
   }
 }
 
-// Where a warp stopped: finished, at a barrier (Warp::bar_id, bar_count of lane 0), or waiting on an mbarrier
-// phase that has not completed (its lanes try again when the warp is next run).
-enum class Stop { kDone, kBarrier, kWait };
-
-// Runs warp w until it finishes, all its lanes wait at the same barrier, or all wait on an mbarrier; warp
-// collectives are carried out on the way.
-Stop step_warp(Warp& w) {
+// Runs warp w until it finishes (true) or all its lanes wait at __syncthreads (false); warp collectives are
+// carried out on the way.
+bool step_warp(Warp& w) {
   Warp* saved_warp = tls_warp;
   tls_warp = &w;
-  Stop stop = Stop::kDone;
+  bool finished = false;
   for (;;) {
     int done = 0;
     for (int l = 0; l < 32; ++l) {
@@ -292,23 +287,15 @@ Stop step_warp(Warp& w) {
       if (w.fibers[l].done) ++done;
     }
     if (done == 32) {
-      stop = Stop::kDone;
+      finished = true;
       break;
     }
     if (done != 0) die("warp divergence: some lanes finished while others wait at a collective");
     const Op op = w.op[0];
     for (int l = 1; l < 32; ++l) {
       if (w.op[l] != op) die("warp divergence: lanes wait at different collectives");
-      if (op == kBarrier && w.bar_id[l] != w.bar_id[0]) die("warp divergence: lanes at different barriers");
     }
-    if (op == kBarrier) {
-      stop = Stop::kBarrier;
-      break;
-    }
-    if (op == kWait) {
-      stop = Stop::kWait;
-      break;
-    }
+    if (op == kBarrier) break;
     if (op == kShfl) {
       for (int l = 0; l < 32; ++l) w.shfl_out[l] = w.shfl_in[l ^ (w.shfl_mask[l] & 31)];
     } else if (op == kMma) {
@@ -320,16 +307,10 @@ Stop step_warp(Warp& w) {
     }
   }
   tls_warp = saved_warp;
-  return stop;
+  return finished;
 }
 
-// mbarrier events of the running block (arrivals, completed phases): a round of its warps that changes
-// nothing, with every warp waiting, is a deadlock.
-thread_local uint64_t tls_mbar_events = 0;
-
-// Runs the warps of one block: each up to its next barrier, mbarrier wait (or its end); a barrier lets its
-// warps go on once all it counts are there (__syncthreads: every warp that has not exited; a named barrier:
-// its thread count), a waiting warp tries again in the next round.
+// Runs the warps of one block: each up to its next __syncthreads (or its end), then all waiting ones go on.
 void run_block(int n_warps, const std::function<void()>& body) {
   std::vector<std::unique_ptr<Warp>> warps;
   for (int wi = 0; wi < n_warps; ++wi) {
@@ -338,54 +319,16 @@ void run_block(int n_warps, const std::function<void()>& body) {
     warps.back()->base_thread = wi * 32;
     start_warp(*warps.back(), wi);
   }
-  std::vector<Stop> at(static_cast<size_t>(n_warps), Stop::kWait);  // (kWait: to be run)
-  int idle_rounds = 0;
+  std::vector<bool> finished(static_cast<size_t>(n_warps), false);
   for (;;) {
-    const uint64_t events = tls_mbar_events;
+    int running = 0;
     for (int wi = 0; wi < n_warps; ++wi) {
-      if (at[static_cast<size_t>(wi)] != Stop::kWait) continue;
-      at[static_cast<size_t>(wi)] = step_warp(*warps[static_cast<size_t>(wi)]);
+      if (finished[static_cast<size_t>(wi)]) continue;
+      finished[static_cast<size_t>(wi)] = step_warp(*warps[static_cast<size_t>(wi)]);
+      if (!finished[static_cast<size_t>(wi)]) ++running;
     }
-    int live = 0, waiting = 0, at_sync = 0;
-    std::map<int, int> named;  // barrier id -> threads there
-    for (int wi = 0; wi < n_warps; ++wi) {
-      const Stop st = at[static_cast<size_t>(wi)];
-      if (st == Stop::kDone) continue;
-      ++live;
-      if (st == Stop::kWait) ++waiting;
-      if (st == Stop::kBarrier) {
-        const int id = warps[static_cast<size_t>(wi)]->bar_id[0];
-        if (id == 0) ++at_sync;
-        else named[id] += 32;
-      }
-    }
-    if (live == 0) break;
-    bool released = false;
-    if (at_sync == live) {  // __syncthreads: every warp that has not exited
-      for (auto& st : at)
-        if (st == Stop::kBarrier) st = Stop::kWait;
-      released = true;
-    }
-    for (const auto& [id, threads] : named) {
-      int count = 0;
-      for (int wi = 0; wi < n_warps; ++wi) {
-        if (at[static_cast<size_t>(wi)] == Stop::kBarrier && warps[static_cast<size_t>(wi)]->bar_id[0] == id)
-          count = warps[static_cast<size_t>(wi)]->bar_count[0];
-      }
-      if (threads > count) die("a named barrier reached by more threads than its count");
-      if (threads < count) continue;
-      for (int wi = 0; wi < n_warps; ++wi) {
-        if (at[static_cast<size_t>(wi)] == Stop::kBarrier && warps[static_cast<size_t>(wi)]->bar_id[0] == id)
-          at[static_cast<size_t>(wi)] = Stop::kWait;
-      }
-      released = true;
-    }
-    // (a round in which no warp arrived anywhere, completed a phase or passed a barrier: a warp that passed an
-    // already completed phase moves on and arrives within a round or two, so a long run of them is a deadlock)
-    idle_rounds = released || tls_mbar_events != events ? 0 : idle_rounds + 1;
-    if (idle_rounds > 1000 || (!released && waiting == 0))
-      die("deadlock: the block's warps wait on mbarriers or barriers that nothing completes");
-    if (tls_baton != nullptr) hand_over(false);  // (another block's turn)
+    if (running == 0) break;
+    if (tls_baton != nullptr) hand_over(false);  // (a __syncthreads: another block's turn)
   }
 }
 
@@ -413,19 +356,11 @@ struct CpThread {
   std::vector<CpCopy> open;                  // since the last commit
   std::deque<std::vector<CpCopy>> groups;    // committed, oldest first
 };
-// An mbarrier's state: the phases completed, the arrivals still expected in the current one, the bytes it was
-// told to expect and the bulk copies queued on it.
-struct MBar {
-  uint32_t count = 0, phase = 0, arrivals_left = 0;
-  int64_t tx_expected = 0, tx_queued = 0;
-  std::vector<CpCopy> copies;
-};
 struct BlockLocal {
   uint64_t launch = ~uint64_t{0};
   uint3 block{~0u, ~0u, ~0u};
   std::vector<uint8_t> smem;
   std::vector<CpThread> cp;
-  std::map<const uint64_t*, MBar> bars;
 };
 thread_local BlockLocal tls_block;
 
@@ -437,7 +372,6 @@ BlockLocal& block_local() {
     b.block = c.block_idx;
     b.smem.assign(static_cast<size_t>(max_smem_optin()), 0xA5);
     b.cp.assign(c.block_dim.x, CpThread{});
-    b.bars.clear();
   }
   return b;
 }
@@ -475,88 +409,6 @@ void cp_async_wait(int n) {
     for (const CpCopy& c : t.groups.front()) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
     t.groups.pop_front();
   }
-}
-
-namespace {
-MBar& mbar(const uint64_t* bar) {
-  if (sm_version() < 90) die("an mbarrier or bulk copy on an emulated device below sm_90");
-  auto& bars = block_local().bars;
-  const auto it = bars.find(bar);
-  if (it == bars.end()) die("an mbarrier used before mbar_init");
-  return it->second;
-}
-// Completes the current phase: the queued copies land, the arrivals are expected again.
-void complete_phase(MBar& b) {
-  if (b.tx_queued != b.tx_expected) die("an mbarrier phase whose copies differ from the bytes it expects");
-  for (const CpCopy& c : b.copies) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
-  b.copies.clear();
-  b.tx_expected = b.tx_queued = 0;
-  b.arrivals_left = b.count;
-  ++b.phase;
-  ++tls_mbar_events;
-}
-}  // namespace
-
-void mbar_init(uint64_t* bar, uint32_t count) {
-  if (sm_version() < 90) die("an mbarrier on an emulated device below sm_90");
-  if (count == 0 || reinterpret_cast<uintptr_t>(bar) % 8 != 0) die("mbar_init: a count of 0 or a misaligned barrier");
-  MBar& b = block_local().bars[bar];
-  b = MBar{};
-  b.count = b.arrivals_left = count;
-}
-
-void mbar_arrive(uint64_t* bar) {
-  MBar& b = mbar(bar);
-  if (b.arrivals_left == 0) die("mbar_arrive: more arrivals than the barrier's count in one phase");
-  --b.arrivals_left;
-  ++tls_mbar_events;
-  if (b.arrivals_left == 0 && b.tx_expected == 0 && b.copies.empty()) complete_phase(b);  // (nothing in flight)
-}
-
-void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  MBar& b = mbar(bar);
-  if (b.arrivals_left == 0) die("mbar_expect_tx: more arrivals than the barrier's count in one phase");
-  --b.arrivals_left;
-  b.tx_expected += bytes;
-  ++tls_mbar_events;
-}
-
-void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  MBar& b = mbar(bar);
-  BlockLocal& bl = block_local();
-  uint8_t* lo = bl.smem.data();
-  if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(dst) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(src) % 16 != 0) {
-    die("cp.async.bulk: a size or an address not a multiple of 16");
-  }
-  if (static_cast<uint8_t*>(dst) < lo || static_cast<uint8_t*>(dst) + bytes > lo + bl.smem.size()) {
-    die("cp.async.bulk outside the block's dynamic shared memory");
-  }
-  b.copies.push_back(CpCopy{dst, src, static_cast<int>(bytes)});
-  b.tx_queued += bytes;
-}
-
-void mbar_wait(uint64_t* bar, uint32_t parity) {
-  for (;;) {
-    MBar& b = mbar(bar);
-    if ((b.phase & 1u) != (parity & 1u)) return;  // that phase has completed
-    if (b.arrivals_left == 0) {                   // armed: its copies land now, at the first wait
-      complete_phase(b);
-      return;
-    }
-    if (tls_warp == nullptr) die("an mbarrier wait outside a block of warps");
-    tls_warp->op[tls_lane] = kWait;  // (the block's other warps run; this one tries again)
-    yield_to_scheduler();
-  }
-}
-
-void bar_sync(int id, int threads) {
-  if (tls_warp == nullptr) die("a named barrier outside a block of warps");
-  if (id <= 0 || id > 15 || threads <= 0 || threads % 32 != 0) die("bar.sync: an id outside 1-15 or a count not of whole warps");
-  tls_warp->op[tls_lane] = kBarrier;
-  tls_warp->bar_id[tls_lane] = id;
-  tls_warp->bar_count[tls_lane] = threads;
-  yield_to_scheduler();
 }
 
 int max_dyn_smem(const void* kernel) {
@@ -635,7 +487,6 @@ uint64_t now_ns() {
 void syncthreads() {
   if (tls_warp == nullptr) die("__syncthreads outside a block of warps");
   tls_warp->op[tls_lane] = kBarrier;
-  tls_warp->bar_id[tls_lane] = 0;
   yield_to_scheduler();
 }
 

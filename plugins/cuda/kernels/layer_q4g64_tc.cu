@@ -1,15 +1,11 @@
 // The layer kernel (gate/up and down tiles of an expert group in one launch, exact mode) for Q4_G64 experts;
-// instances with 1 and 2 n-tiles (up to 4 tokens per expert), each also lean, and the ring form. See tc_layer.cuh.
+// instances with 1 and 2 n-tiles (up to 4 tokens per expert), each also lean. See tc_layer.cuh.
 #include "tc_layer.cuh"
 
 namespace strata_cuda {
 
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   return launch_tc_q4_layer<kQ4G64>(nt, lean, lw, on);
-}
-
-cudaError_t launch_layer_q4g64_ring(int nt, int minb, const LayerWork& lw, const Queue& on) {
-  return launch_tc_q4_layer_ring<kQ4G64>(nt, minb, lw, on);
 }
 
 }  // namespace strata_cuda

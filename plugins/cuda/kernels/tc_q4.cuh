@@ -328,16 +328,6 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
   }
 }
 
-// Where a tile's exact-mode weight batches come from (tc_q4_tile's Src), and how its warps meet for the
-// epilogue. RegSrc: each warp loads its own through two register buffers (run_batches), and the block meets at
-// __syncthreads. A weight ring (WeightRing, tc_layer.cuh: kRing) hands each warp its batches in turn, filled
-// by a producer warp of the block that takes no part in the tile's arithmetic, so the tile's 4 warps meet at
-// a named barrier of their own (sync()).
-struct RegSrc {
-  static constexpr bool kRing = false;
-  __device__ __forceinline__ void sync() const { __syncthreads(); }
-};
-
 // One block's work: tile(s) bx of item `it`. wait_inputs() returns once the operand (and anything else an
 // earlier launch or block writes) may be read; every warp calls it once (block-uniformly: it may hold a
 // barrier). FRESH: the operand and its multipliers are written during this launch (the layer kernel's down
@@ -346,16 +336,13 @@ struct RegSrc {
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
 // in kTiles (the layer kernel's; see warp_slice, weight_stream).
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
-          class Wait, class Carry = NoCarry, class Src = RegSrc>
-__device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{},
-                                           Src&& src = Src{}) {
+          class Wait, class Carry = NoCarry>
+__device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
   constexpr bool kI8 = S == kI8Splits;
   static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
-  constexpr bool kRing = std::decay_t<Src>::kRing;
-  static_assert(!kRing || (kI8 && TILES && !std::decay_t<Carry>::kOn), "a weight ring: exact mode, tiles, no carry");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
   constexpr int kParts = TileShape<GATE_UP>::kParts;
   constexpr int KS = TileShape<GATE_UP>::KS;
@@ -487,31 +474,12 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     if constexpr (!std::decay_t<Carry>::kOn) {
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if constexpr (kRing) {
-      // The ring's batches in turn (src.take: waits for the batch, reads this thread's words and scales into
-      // registers, frees its place for the producer); the stream's pointers then skip them (the remainder's).
-      (void)R;
-      wait_inputs();
-      if (nb > 0 && kAheadB) load_b(bc, mc);
-      int slot = 0;
-      uint32_t phase = 0;
-      for (int bi = 0; bi < nb; ++bi) {
-        uint4 wv[UN][2];
-        float4 sv[2];
-        src.take(slot, phase, warp, g, q, wv, sv);
-        run_batch(wv, sv, bi + 1 == nb);
-      }
-      static_assert(!kRing || kTied, "the ring's tiles keep their scales beside the weights' pointer (TIED)");
-      st.w0 += static_cast<int64_t>(nb) * 2 * st.w_u;
-    } else {
-      run_batches(
-          nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(),
-          wait_inputs,
-          [&] {
-            if (kAheadB) load_b(bc, mc);
-          },
-          run_batch, [&] { carry.near_end(); });
-    }
+    run_batches(
+        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
+        [&] {
+          if (kAheadB) load_b(bc, mc);
+        },
+        run_batch, [&] { carry.near_end(); });
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
@@ -665,7 +633,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       stage[warp][g + 8][t * 8 + 2 * q + 1] = acc[t][3];
     }
   }
-  src.sync();
+  __syncthreads();
   carry.refill();
   // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K.
   auto total = [&](int m, int i, int c) {

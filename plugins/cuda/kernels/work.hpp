@@ -106,7 +106,6 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
-  int32_t ring_stages;  // the ring form (tc_q4_layer_ring_kernel, sm_90): its stages; 0: the register form
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
@@ -123,11 +122,6 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimel
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;
 constexpr int kTcLinearTiles = 4;
-// The layer kernel's weight ring (tc_layer.cuh): a stage holds one load batch of each of a tile's warps, its
-// weights (2 units of a 16-row tile) and Q4_G64 scales (4 groups of 16 rows).
-constexpr int kRingWBytes = 2048, kRingSBytes = 256, kRingBatchBytes = kRingWBytes + kRingSBytes;
-constexpr int kRingStageBytes = kTcWarps * kRingBatchBytes;
-constexpr int kRingMaxStages = 16;
 // The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 rows of gate
 // and of up, or 128 rows of a linear matrix.
 constexpr int kWideNt = 8;
@@ -192,10 +186,6 @@ cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
 cudaError_t launch_layer_q4row_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
-// Its ring form (lw.ring_stages > 0, sm_90 and compute_90+ kernels only; a block per tile of 5 warps):
-// minb 3 or 4 blocks per SM at 1 n-tile, 3 at 2.
-cudaError_t launch_layer_q4g64_ring(int nt, int minb, const LayerWork& lw, const Queue& on);
-cudaError_t launch_layer_q4row_ring(int nt, int minb, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
