@@ -315,6 +315,9 @@ struct Plan {
   // count; zero in the pinned head, so that the head's copy clears them before each launch).
   bool layer = false;
   uint64_t sync_off = 0, sync_bytes = 0;
+  // The layer kernel's staged B operand at 1 n-tile (Settings::layer_bsmem): a block's shared memory for it, the
+  // most any tile of the group needs; 0: off.
+  unsigned b_smem = 0;
 };
 
 // plan_group's working lists (a slot keeps them: Slot::scratch).
@@ -499,6 +502,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_BSMEM")) settings_.layer_bsmem = std::strcmp(v, "0") != 0;
+  smem_optin_ = smem_optin;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1012,6 +1017,13 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
+    if (p.layer && gu.nt == 1 && settings_.layer_bsmem && !layer_lean_for(1)) {
+      unsigned need = 0;
+      for (const Chunk& c : chunks) {
+        need = std::max({need, b_stage_bytes(c.gate.dm.kp / kColPad, 2, c.n), b_stage_bytes(c.down.dm.kp / kColPad, 1, c.n)});
+      }
+      if (need + 16384 <= static_cast<unsigned>(smem_optin_)) p.b_smem = need;
+    }
   }
 }
 
@@ -1217,6 +1229,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
+  put(static_cast<uint64_t>(p.b_smem));  // (the staged-B instance and its shared memory)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1314,6 +1327,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
     lw.max_sms = settings_.layer_sms;
+    lw.b_smem = static_cast<int32_t>(p.b_smem);
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

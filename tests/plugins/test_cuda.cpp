@@ -999,7 +999,7 @@ TEST_CASE(
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
     // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per SM)
-    // and the B-ahead ones, each alone and persistent.
+    // and the B-ahead ones, each alone and persistent; the B operand staged in shared memory.
     using Env = std::vector<std::pair<const char*, const char*>>;
     // (The default is lean at 2 n-tiles only; LEAN=0 runs the B-ahead instances at every n-tile count.)
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
@@ -1010,12 +1010,27 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
-                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}}};
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
+                         // each tile's B operand staged in shared memory (1 n-tile; 2 n-tiles as before)
+                         {{"STRATA_CUDA_LAYER_BSMEM", "1"}},
+                         {{"STRATA_CUDA_LAYER_BSMEM", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
       gpu_case_layer(rec, env);
+    }
+    if (rec->name == std::string("cuda_emu")) {  // (the staged-B instance really ran: it needs shared memory)
+      auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "1");
+      auto plain = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "0");
+      std::mt19937 rng(77);
+      const Group grp(rng, 1024, 512, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
+      std::vector<ResidentMatrix> keep_s, keep_p;
+      const Group on_s = on_device(*staged, grp, keep_s), on_p = on_device(*plain, grp, keep_p);
+      ::setenv("STRATA_CUDA_EMU_NO_DYN_SMEM", "1", 1);
+      CHECK_THROWS(on_s.run(*staged));
+      CHECK_NOTHROW(on_p.run(*plain));
+      ::unsetenv("STRATA_CUDA_EMU_NO_DYN_SMEM");
     }
   }
 }

@@ -165,6 +165,24 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
     ws.rows[1] = imin(tb + g + 8, rows_out - 1);
   }
 }
+// The layer kernel's staged B operand (STRATA_CUDA_LAYER_BSMEM, 1 n-tile): a tile's K slices of its item's
+// operand, the n-tile's live columns (n_tok * 4 at most 8; a thread whose column holds no token reads the last
+// live one, as from the operand) and both tokens' group multipliers, copied into shared memory once per tile
+// right after its inputs are there, and read from there by the tile's warps instead of through L1. Slice s,
+// column c at b(s, c) (rows of slice * 64 bytes, 16 more between rows so that the 4 columns' 16-byte reads of
+// a k-step fall on different banks); token r's multipliers of slice s at the float index m(s, r) past m_off.
+struct BStageGeom {
+  int slice, ncols, stride, slice_bytes, m_off;
+  __device__ __forceinline__ BStageGeom(const WorkItem& it, int ks) {
+    slice = slice_groups(it.w0.kp / kColPad, ks, 4);
+    ncols = imax(imin(it.n_tok * kI8Planes, 8), 1);
+    stride = slice * kColPad + 16;
+    slice_bytes = ncols * stride;
+    m_off = ks * slice_bytes;
+  }
+  __device__ __forceinline__ int b(int s, int c) const { return s * slice_bytes + c * stride; }
+  __device__ __forceinline__ int m(int s, int r) const { return (s * 2 + r) * slice; }
+};
 template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
   using Sh = TileShape<GATE_UP>;
@@ -311,6 +329,8 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 // these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
+  static constexpr bool kBSmem = false;                         // B from the staged copy (BStageGeom)
+  __device__ __forceinline__ const uint8_t* b_smem() const { return nullptr; }
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
@@ -374,7 +394,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g_b) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
-  auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
+  constexpr bool kBS = std::decay_t<Carry>::kBSmem;
+  static_assert(!kBS || (kI8 && NT == 1), "a staged B operand: exact mode, one n-tile");
+  auto ld_m = [](const float* a) { return kBS ? *a : FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
 
@@ -397,6 +419,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
     const uint8_t* a = p + t * ntile_stride + 16 * h;
+    if constexpr (kBS) return *reinterpret_cast<const uint4*>(a);
     return FRESH ? ld_weak_u4(a) : ld_cached_u4(a);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
@@ -417,6 +440,13 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
+    if constexpr (kBS) {  // (this warp's slice, from its first group on)
+      const BStageGeom geo(it, KS);
+      const uint8_t* sb = carry.b_smem();
+      const int sl = warp % KS;
+      bnext = sb + geo.b(sl, imin(g_b, geo.ncols - 1)) + q * 32;
+      mnext = reinterpret_cast<const float*>(sb + geo.m_off) + geo.m(sl, q >> 1);
+    }
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
