@@ -1011,7 +1011,8 @@ TEST_CASE(
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
-                         // each tile's B operand staged in shared memory (1 n-tile; 2 n-tiles as before)
+                         // each tile's B operand staged in shared memory (1 token per expert only: the rest
+                         // as before)
                          {{"STRATA_CUDA_LAYER_BSMEM", "1"}},
                          {{"STRATA_CUDA_LAYER_BSMEM", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
     for (const Env& env : modes) {
@@ -1019,6 +1020,33 @@ TEST_CASE(
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
       gpu_case_layer(rec, env);
+    }
+    // The staged B operand where it applies (one token per expert; gate/up 2, 3 and 6 batches per warp, down
+    // 2, 4 and 3): the separate launches' bits, alone and persistent.
+    for (const char* persistent : {"0", "1"}) {
+      CAPTURE(persistent);
+      auto staged = make_cuda_with_envs(
+          *rec, {{"STRATA_CUDA_LAYER_BSMEM", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", persistent}});
+      auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
+      auto ref = cpu_reference();
+      std::mt19937 rng(78);
+      for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
+        CAPTURE(weight_format_name(f));
+        for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{1024, 512}, {1536, 1024}, {3072, 768}}) {
+          const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;
+          CAPTURE(hidden);
+          const std::vector<int> counts = {1, 1, 0, 1};
+          const Group grp(rng, hidden, ffn, 3, counts, same_format(f, counts.size()));
+          std::vector<ResidentMatrix> keep;
+          const auto got = on_device(*staged, grp, keep).run(*staged);
+          const auto want = grp.run(*passes), cpu = grp.run(*ref);
+          for (size_t e = 0; e < counts.size(); ++e) {
+            CAPTURE(e);
+            CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
+            CHECK(rel_err(got[e].data(), cpu[e].data(), cpu[e].size()) <= kExactTol);
+          }
+        }
+      }
     }
     if (rec->name == std::string("cuda_emu")) {  // (the staged-B instance really ran: it needs shared memory)
       auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "1");

@@ -378,6 +378,23 @@ __device__ __forceinline__ float ld_weak_f32(const float* p) {
 #endif
 }
 
+// Generic loads (the address may be global or shared: the layer kernel's B values, from the operand and then
+// from its staged copy); weak, and cached in L1 when global.
+__device__ __forceinline__ uint4 ld_generic_u4(const void* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::load(static_cast<const uint4*>(p));
+#else
+  return *static_cast<const uint4*>(p);
+#endif
+}
+__device__ __forceinline__ float ld_generic_f32(const float* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return emu::load(p);
+#else
+  return *p;
+#endif
+}
+
 __device__ __forceinline__ uint2 ld_cached_u2(const void* p) { return __ldg(static_cast<const uint2*>(p)); }
 __device__ __forceinline__ uint4 ld_cached_u4(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 

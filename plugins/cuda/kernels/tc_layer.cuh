@@ -59,9 +59,9 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
   rec[kTimelineEnd] = global_ns();
 }
 
-// Copies a tile's staged B operand (BStageGeom) into `smem`, by all of the block's threads (then a barrier).
-// FRESH: written in this launch (the down operand): weak loads, ordered after the block's acquire.
-template <bool FRESH>
+// Requests a tile's staged B operand (BStageGeom) into `smem` (cp.async, one group), by all of the block's
+// threads; tc_q4_tile waits for it (and a barrier) at its second batch. (The down operand, written in this
+// launch: the copies are weak reads, issued after the block's acquire and barrier.)
 __device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* smem) {
   const BStageGeom geo(it, ks);
   const int n_all = it.w0.kp / kColPad;
@@ -73,16 +73,17 @@ __device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* sme
     for (int k = tid; k < geo.ncols * pieces; k += nt) {
       const int c = k / pieces, j = k - c * pieces;
       const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad + 16 * j;
-      *reinterpret_cast<uint4*>(smem + geo.b(sl, c) + 16 * j) = FRESH ? ld_weak_u4(src) : ld_cached_u4(src);
+      cp_async16(smem + geo.b(sl, c) + 16 * j, src);
     }
     const float* m = reinterpret_cast<const float*>(in + static_cast<int64_t>(8) * it.w0.kp);
     float* ms = reinterpret_cast<float*>(smem + geo.m_off);
     for (int k = tid; k < 2 * (g1 - g0); k += nt) {
       const int r = k / (g1 - g0), j = k - r * (g1 - g0);
       const float* src = m + static_cast<int64_t>(r) * n_all + g0 + j;
-      ms[geo.m(sl, r) + j] = FRESH ? ld_weak_f32(src) : __ldg(src);
+      cp_async4(ms + geo.m(sl, r) + j, src);
     }
   }
+  cp_async_commit();
 }
 
 // The layer kernel's carry between a block's tiles (tc_q4_tile's hooks), when lw.persistent: thread 0 takes
@@ -166,8 +167,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
           [&] {
             grid_dep_wait();
             if constexpr (BSMEM) {
-              stage_b<false>(lw.items[i], 2, b_stage);
-              __syncthreads();
+              stage_b(lw.items[i], 2, b_stage);
             }
             mark(kTimelineInputs);
           },
@@ -203,8 +203,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
             }
             __syncthreads();
             if constexpr (BSMEM) {
-              stage_b<true>(lw.items[lw.n_items + i], 1, b_stage);
-              __syncthreads();
+              stage_b(lw.items[lw.n_items + i], 1, b_stage);
             }
             mark(kTimelineInputs);
           },

@@ -167,8 +167,9 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
 }
 // The layer kernel's staged B operand (STRATA_CUDA_LAYER_BSMEM, 1 n-tile): a tile's K slices of its item's
 // operand, the n-tile's live columns (n_tok * 4 at most 8; a thread whose column holds no token reads the last
-// live one, as from the operand) and both tokens' group multipliers, copied into shared memory once per tile
-// right after its inputs are there, and read from there by the tile's warps instead of through L1. Slice s,
+// live one, as from the operand) and both tokens' group multipliers, requested into shared memory (cp.async) as
+// soon as the tile's inputs are there, and read from there by the tile's warps from their second batch on
+// instead of through L1 (the first batch's from the operand, while the copies land). Slice s,
 // column c at b(s, c) (rows of slice * 64 bytes, 16 more between rows so that the 4 columns' 16-byte reads of
 // a k-step fall on different banks); token r's multipliers of slice s at the float index m(s, r) past m_off.
 struct BStageGeom {
@@ -396,7 +397,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
   constexpr bool kBS = std::decay_t<Carry>::kBSmem;
   static_assert(!kBS || (kI8 && NT == 1), "a staged B operand: exact mode, one n-tile");
-  auto ld_m = [](const float* a) { return kBS ? *a : FRESH ? ld_weak_f32(a) : __ldg(a); };
+  auto ld_m = [](const float* a) { return kBS ? ld_generic_f32(a) : FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
 
@@ -419,7 +420,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
     const uint8_t* a = p + t * ntile_stride + 16 * h;
-    if constexpr (kBS) return *reinterpret_cast<const uint4*>(a);
+    if constexpr (kBS) return ld_generic_u4(a);
     return FRESH ? ld_weak_u4(a) : ld_cached_u4(a);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
@@ -440,13 +441,28 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
-    if constexpr (kBS) {  // (this warp's slice, from its first group on)
+    // kBS: the first batch's B values come from the operand itself; then (every warp of the block at its second
+    // batch, after the staging's copies have landed) from the staged copy, at the same offsets in its rows.
+    const uint8_t* const b_first = bnext;
+    const float* const m_first = mnext;
+    int batch_no = 0;
+    const uint8_t* b_staged = nullptr;
+    const float* m_staged = nullptr;
+    if constexpr (kBS) {
       const BStageGeom geo(it, KS);
       const uint8_t* sb = carry.b_smem();
       const int sl = warp % KS;
-      bnext = sb + geo.b(sl, imin(g_b, geo.ncols - 1)) + q * 32;
-      mnext = reinterpret_cast<const float*>(sb + geo.m_off) + geo.m(sl, q >> 1);
+      b_staged = sb + geo.b(sl, imin(g_b, geo.ncols - 1)) + q * 32;
+      m_staged = reinterpret_cast<const float*>(sb + geo.m_off) + geo.m(sl, q >> 1);
     }
+    auto to_staged = [&] {
+      if constexpr (kBS) {
+        cp_async_wait<0>();
+        __syncthreads();
+        bnext = b_staged + (bnext - b_first);
+        mnext = m_staged + (mnext - m_first);
+      }
+    };
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
@@ -484,6 +500,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto from_n = [&](int t, int h) { return bn[t][h]; };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
     auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
+      if (kBS && ++batch_no == 2) to_staged();  // (block-uniform: the planner's equal whole batches, >= 2)
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
       if (!kAheadB) {
