@@ -59,8 +59,8 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
   rec[kTimelineEnd] = global_ns();
 }
 
-// Requests a tile's staged B operand (BStageGeom) into `smem` (cp.async, one group), by all of the block's
-// threads; tc_q4_tile waits for it (and a barrier) at its second batch. (The down operand, written in this
+// Requests a tile's staged B operand (BStageGeom) into `smem` (cp.async through L1, where the SM's other
+// blocks' copies of the same operand hit; one group), by all of the block's threads; tc_q4_tile waits for it (and a barrier) at its second batch. (The down operand, written in this
 // launch: the copies are weak reads, issued after the block's acquire and barrier.)
 __device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* smem) {
   const BStageGeom geo(it, ks);
@@ -73,7 +73,7 @@ __device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* sme
     for (int k = tid; k < geo.ncols * pieces; k += nt) {
       const int c = k / pieces, j = k - c * pieces;
       const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad + 16 * j;
-      cp_async16(smem + geo.b(sl, c) + 16 * j, src);
+      cp_async16_ca(smem + geo.b(sl, c) + 16 * j, src);
     }
     const float* m = reinterpret_cast<const float*>(in + static_cast<int64_t>(8) * it.w0.kp);
     float* ms = reinterpret_cast<float*>(smem + geo.m_off);
