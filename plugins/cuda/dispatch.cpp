@@ -1017,14 +1017,14 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
-    // The staged B operand: one token per expert, and every tile's warps with the same whole batches, at least 2
-    // (tc_q4_tile switches to the staged copy at its second batch, with a barrier).
+    // The staged B operand: one token per expert, and every tile's warps with the same whole batches, at least 3
+    // (tc_q4_tile requests the copy in its first batch and switches to it at its third, with a barrier).
     if (p.layer && gu.nt == 1 && settings_.layer_bsmem && !layer_lean_for(1)) {
       unsigned need = 0;
       bool ok = true;
       for (const Chunk& c : chunks) {
         const int ng = static_cast<int>(c.gate.dm.kp / kColPad), nd = static_cast<int>(c.down.dm.kp / kColPad);
-        ok = ok && c.n == 1 && ng % 8 == 0 && ng >= 16 && nd % 4 == 0 && nd >= 8;
+        ok = ok && c.n == 1 && ng % 8 == 0 && ng >= 24 && nd % 4 == 0 && nd >= 12;
         need = std::max({need, b_stage_bytes(ng, 2, c.n), b_stage_bytes(nd, 1, c.n)});
       }
       if (ok && need + 16384 <= static_cast<unsigned>(smem_optin_)) p.b_smem = need;

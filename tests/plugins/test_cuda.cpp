@@ -1021,8 +1021,8 @@ TEST_CASE(
       CAPTURE(mode);
       gpu_case_layer(rec, env);
     }
-    // The staged B operand where it applies (one token per expert; gate/up 2, 3 and 6 batches per warp, down
-    // 2, 4 and 3): the separate launches' bits, alone and persistent.
+    // The staged B operand where it applies (one token per expert; gate/up 3, 4 and 6 batches per warp, down
+    // 3, 4 and 5): the separate launches' bits, alone and persistent.
     for (const char* persistent : {"0", "1"}) {
       CAPTURE(persistent);
       auto staged = make_cuda_with_envs(
@@ -1032,7 +1032,7 @@ TEST_CASE(
       std::mt19937 rng(78);
       for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
         CAPTURE(weight_format_name(f));
-        for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{1024, 512}, {1536, 1024}, {3072, 768}}) {
+        for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{1536, 768}, {2048, 1024}, {3072, 1280}}) {
           const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;
           CAPTURE(hidden);
           const std::vector<int> counts = {1, 1, 0, 1};
@@ -1052,7 +1052,7 @@ TEST_CASE(
       auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "1");
       auto plain = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "0");
       std::mt19937 rng(77);
-      const Group grp(rng, 1024, 512, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
+      const Group grp(rng, 1536, 768, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
       std::vector<ResidentMatrix> keep_s, keep_p;
       const Group on_s = on_device(*staged, grp, keep_s), on_p = on_device(*plain, grp, keep_p);
       ::setenv("STRATA_CUDA_EMU_NO_DYN_SMEM", "1", 1);

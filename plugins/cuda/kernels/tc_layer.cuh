@@ -59,33 +59,6 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
   rec[kTimelineEnd] = global_ns();
 }
 
-// Requests a tile's staged B operand (BStageGeom) into `smem` (cp.async through L1, where the SM's other
-// blocks' copies of the same operand hit; one group), by all of the block's threads; tc_q4_tile waits for it (and a barrier) at its second batch. (The down operand, written in this
-// launch: the copies are weak reads, issued after the block's acquire and barrier.)
-__device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* smem) {
-  const BStageGeom geo(it, ks);
-  const int n_all = it.w0.kp / kColPad;
-  const uint8_t* in = static_cast<const uint8_t*>(it.in);
-  const int tid = static_cast<int>(threadIdx.x), nt = kTcWarps * 32;
-  for (int sl = 0; sl < ks; ++sl) {
-    const int g0 = imin(sl * geo.slice, n_all), g1 = imin(g0 + geo.slice, n_all);
-    const int pieces = (g1 - g0) * (kColPad / 16);  // 16-byte pieces per column
-    for (int k = tid; k < geo.ncols * pieces; k += nt) {
-      const int c = k / pieces, j = k - c * pieces;
-      const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad + 16 * j;
-      cp_async16_ca(smem + geo.b(sl, c) + 16 * j, src);
-    }
-    const float* m = reinterpret_cast<const float*>(in + static_cast<int64_t>(8) * it.w0.kp);
-    float* ms = reinterpret_cast<float*>(smem + geo.m_off);
-    for (int k = tid; k < 2 * (g1 - g0); k += nt) {
-      const int r = k / (g1 - g0), j = k - r * (g1 - g0);
-      const float* src = m + static_cast<int64_t>(r) * n_all + g0 + j;
-      cp_async4(ms + geo.m(sl, r) + j, src);
-    }
-  }
-  cp_async_commit();
-}
-
 // The layer kernel's carry between a block's tiles (tc_q4_tile's hooks), when lw.persistent: thread 0 takes
 // the next ticket as the tile's last two batches begin (the atomic's latency hides behind them; taken earlier,
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
@@ -95,8 +68,8 @@ template <int FMT, bool BSMEM = false>
 struct LayerCarry {
   static constexpr bool kOn = true;
   static constexpr bool kBSmem = BSMEM;
-  const uint8_t* b_stage = nullptr;  // BSMEM: the block's dynamic shared memory
-  __device__ __forceinline__ const uint8_t* b_smem() const { return b_stage; }
+  uint8_t* b_stage = nullptr;  // BSMEM: the block's dynamic shared memory
+  __device__ __forceinline__ uint8_t* b_smem() const { return b_stage; }
   const LayerWork& lw;
   I8Regs& r;
   int& primed_;   // batches of the current tile already in r
@@ -166,9 +139,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
-            if constexpr (BSMEM) {
-              stage_b(lw.items[i], 2, b_stage);
-            }
             mark(kTimelineInputs);
           },
           carry);
@@ -202,9 +172,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
               while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
             }
             __syncthreads();
-            if constexpr (BSMEM) {
-              stage_b(lw.items[lw.n_items + i], 1, b_stage);
-            }
             mark(kTimelineInputs);
           },
           carry);

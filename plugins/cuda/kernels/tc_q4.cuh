@@ -167,9 +167,9 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
 }
 // The layer kernel's staged B operand (STRATA_CUDA_LAYER_BSMEM, 1 n-tile): a tile's K slices of its item's
 // operand, the n-tile's live columns (n_tok * 4 at most 8; a thread whose column holds no token reads the last
-// live one, as from the operand) and both tokens' group multipliers, requested into shared memory (cp.async) as
-// soon as the tile's inputs are there, and read from there by the tile's warps from their second batch on
-// instead of through L1 (the first batch's from the operand, while the copies land). Slice s,
+// live one, as from the operand) and both tokens' group multipliers, requested into shared memory (cp.async)
+// during the tile's first batch, and read from there by the tile's warps from their third batch on instead of
+// through L1 (the first two batches' from the operand, while the copies land). Slice s,
 // column c at b(s, c) (rows of slice * 64 bytes, 16 more between rows so that the 4 columns' 16-byte reads of
 // a k-step fall on different banks); token r's multipliers of slice s at the float index m(s, r) past m_off.
 struct BStageGeom {
@@ -184,6 +184,34 @@ struct BStageGeom {
   __device__ __forceinline__ int b(int s, int c) const { return s * slice_bytes + c * stride; }
   __device__ __forceinline__ int m(int s, int r) const { return (s * 2 + r) * slice; }
 };
+// Requests a tile's staged B operand (BStageGeom) into `smem` (cp.async through L1, where the SM's other
+// blocks' copies of the same operand hit; one group), by all of the block's threads, during their first batch;
+// tc_q4_tile waits for it (and a barrier) at its third. (The down operand, written in this launch: the copies
+// are weak reads, issued after the block's acquire and barrier.)
+__device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* smem) {
+  const BStageGeom geo(it, ks);
+  const int n_all = it.w0.kp / kColPad;
+  const uint8_t* in = static_cast<const uint8_t*>(it.in);
+  const int tid = static_cast<int>(threadIdx.x), nt = kTcWarps * 32;
+  for (int sl = 0; sl < ks; ++sl) {
+    const int g0 = imin(sl * geo.slice, n_all), g1 = imin(g0 + geo.slice, n_all);
+    const int pieces = (g1 - g0) * (kColPad / 16);  // 16-byte pieces per column
+    for (int k = tid; k < geo.ncols * pieces; k += nt) {
+      const int c = k / pieces, j = k - c * pieces;
+      const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad + 16 * j;
+      cp_async16_ca(smem + geo.b(sl, c) + 16 * j, src);
+    }
+    const float* m = reinterpret_cast<const float*>(in + static_cast<int64_t>(8) * it.w0.kp);
+    float* ms = reinterpret_cast<float*>(smem + geo.m_off);
+    for (int k = tid; k < 2 * (g1 - g0); k += nt) {
+      const int r = k / (g1 - g0), j = k - r * (g1 - g0);
+      const float* src = m + static_cast<int64_t>(r) * n_all + g0 + j;
+      cp_async4(ms + geo.m(sl, r) + j, src);
+    }
+  }
+  cp_async_commit();
+}
+
 template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
   using Sh = TileShape<GATE_UP>;
@@ -331,7 +359,7 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 struct NoCarry {
   static constexpr bool kOn = false;
   static constexpr bool kBSmem = false;                         // B from the staged copy (BStageGeom)
-  __device__ __forceinline__ const uint8_t* b_smem() const { return nullptr; }
+  __device__ __forceinline__ uint8_t* b_smem() const { return nullptr; }
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
@@ -441,8 +469,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
-    // kBS: the first batch's B values come from the operand itself; then (every warp of the block at its second
-    // batch, after the staging's copies have landed) from the staged copy, at the same offsets in its rows.
+    // kBS: the first two batches' B values come from the operand itself; then (every warp of the block at its
+    // third batch, after the staging's copies have landed) from the staged copy, at the same offsets in its rows.
     const uint8_t* const b_first = bnext;
     const float* const m_first = mnext;
     int batch_no = 0;
@@ -500,7 +528,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto from_n = [&](int t, int h) { return bn[t][h]; };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
     auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
-      if (kBS && ++batch_no == 2) to_staged();  // (block-uniform: the planner's equal whole batches, >= 2)
+      if (kBS && ++batch_no == 3) to_staged();  // (block-uniform: the planner's equal whole batches, >= 3)
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
       if (!kAheadB) {
@@ -512,6 +540,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
       load_b(bn, mn);
       mma_unit(wv[0], sg0, sh0, from_c, mc, true);
+      if constexpr (kBS) {
+        if (batch_no == 1) stage_b(it, KS, carry.b_smem());  // (the first unit's tensor-core work issued)
+      }
       if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
