@@ -191,22 +191,21 @@ struct BStageGeom {
 __device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* smem) {
   const BStageGeom geo(it, ks);
   const int n_all = it.w0.kp / kColPad;
-  const uint8_t* in = static_cast<const uint8_t*>(it.in);
-  const int tid = static_cast<int>(threadIdx.x), nt = kTcWarps * 32;
+  const uint8_t* in = static_cast<const uint8_t*>(it.in) + 16 * static_cast<int>(threadIdx.x);
+  uint8_t* dst = smem + 16 * static_cast<int>(threadIdx.x);
   for (int sl = 0; sl < ks; ++sl) {
-    const int g0 = imin(sl * geo.slice, n_all), g1 = imin(g0 + geo.slice, n_all);
-    const int pieces = (g1 - g0) * (kColPad / 16);  // 16-byte pieces per column
-    for (int k = tid; k < geo.ncols * pieces; k += nt) {
-      const int c = k / pieces, j = k - c * pieces;
-      const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad + 16 * j;
-      cp_async16_ca(smem + geo.b(sl, c) + 16 * j, src);
+    const int g0 = imin(sl * geo.slice, n_all), bytes = (imin(g0 + geo.slice, n_all) - g0) * kColPad;
+    for (int c = 0; c < geo.ncols; ++c) {
+      const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad;
+      uint8_t* d = dst + geo.b(sl, c);
+      for (int k = 16 * static_cast<int>(threadIdx.x); k < bytes; k += 16 * kTcWarps * 32)
+        cp_async16_ca(d + k - 16 * static_cast<int>(threadIdx.x), src + k - 16 * static_cast<int>(threadIdx.x));
     }
-    const float* m = reinterpret_cast<const float*>(in + static_cast<int64_t>(8) * it.w0.kp);
+    const float* m = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(8) * it.w0.kp);
     float* ms = reinterpret_cast<float*>(smem + geo.m_off);
-    for (int k = tid; k < 2 * (g1 - g0); k += nt) {
-      const int r = k / (g1 - g0), j = k - r * (g1 - g0);
-      const float* src = m + static_cast<int64_t>(r) * n_all + g0 + j;
-      cp_async4(ms + geo.m(sl, r) + j, src);
+    for (int r = 0; r < 2; ++r) {
+      for (int j = static_cast<int>(threadIdx.x); j < bytes / kColPad; j += kTcWarps * 32)
+        cp_async4(ms + geo.m(sl, r) + j, m + static_cast<int64_t>(r) * n_all + g0 + j);
     }
   }
   cp_async_commit();
