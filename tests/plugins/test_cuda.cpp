@@ -999,7 +999,7 @@ TEST_CASE(
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
     // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per SM)
-    // and the B-ahead ones, each alone and persistent; the B operand staged in shared memory.
+    // and the B-ahead ones, each alone and persistent; B rings in shared memory.
     using Env = std::vector<std::pair<const char*, const char*>>;
     // (The default is lean at 2 n-tiles only; LEAN=0 runs the B-ahead instances at every n-tile count.)
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
@@ -1011,22 +1011,21 @@ TEST_CASE(
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
                          {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
-                         // each tile's B operand staged in shared memory (1 token per expert only: the rest
-                         // as before)
-                         {{"STRATA_CUDA_LAYER_BSMEM", "1"}},
-                         {{"STRATA_CUDA_LAYER_BSMEM", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         // each warp's B ring in shared memory, 2 and 4 units ahead (1 n-tile; 2 as before)
+                         {{"STRATA_CUDA_LAYER_BRING", "2"}},
+                         {{"STRATA_CUDA_LAYER_BRING", "4"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
       gpu_case_layer(rec, env);
     }
-    // The staged B operand where it applies (one token per expert; gate/up 3, 4 and 6 batches per warp, down
-    // 3, 4 and 5): the separate launches' bits, alone and persistent.
+    // The B rings with one token per expert (gate/up 3, 4 and 6 batches per warp, down 3, 4 and 5): the separate
+    // launches' bits, alone and persistent.
     for (const char* persistent : {"0", "1"}) {
       CAPTURE(persistent);
       auto staged = make_cuda_with_envs(
-          *rec, {{"STRATA_CUDA_LAYER_BSMEM", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", persistent}});
+          *rec, {{"STRATA_CUDA_LAYER_BRING", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", persistent}});
       auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
       auto ref = cpu_reference();
       std::mt19937 rng(78);
@@ -1048,9 +1047,9 @@ TEST_CASE(
         }
       }
     }
-    if (rec->name == std::string("cuda_emu")) {  // (the staged-B instance really ran: it needs shared memory)
-      auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "1");
-      auto plain = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BSMEM", "0");
+    if (rec->name == std::string("cuda_emu")) {  // (the B-ring instance really ran: it needs shared memory)
+      auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BRING", "4");
+      auto plain = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BRING", "0");
       std::mt19937 rng(77);
       const Group grp(rng, 1536, 768, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
       std::vector<ResidentMatrix> keep_s, keep_p;

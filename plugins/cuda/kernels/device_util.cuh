@@ -285,8 +285,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 #endif
 }
-// The same, allocating in L1 (cp.async.ca): for data several blocks of an SM copy in turn (the layer kernel's
-// staged B operand: one L2 read per SM instead of one per block).
+// The same, allocating in L1 (cp.async.ca): for data several warps and blocks of an SM copy in turn (the layer
+// kernel's B ring).
 __device__ __forceinline__ void cp_async16_ca(void* dst, const void* src) {
 #if defined(STRATA_CUDA_EMULATE)
   emu::cp_async(dst, src, 16);
@@ -385,23 +385,6 @@ __device__ __forceinline__ float ld_weak_f32(const float* p) {
   float v;
   asm volatile("ld.global.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
   return v;
-#endif
-}
-
-// Generic loads (the address may be global or shared: the layer kernel's B values, from the operand and then
-// from its staged copy); weak, and cached in L1 when global.
-__device__ __forceinline__ uint4 ld_generic_u4(const void* p) {
-#if defined(STRATA_CUDA_EMULATE)
-  return emu::load(static_cast<const uint4*>(p));
-#else
-  return *static_cast<const uint4*>(p);
-#endif
-}
-__device__ __forceinline__ float ld_generic_f32(const float* p) {
-#if defined(STRATA_CUDA_EMULATE)
-  return emu::load(p);
-#else
-  return *p;
 #endif
 }
 

@@ -165,51 +165,11 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
     ws.rows[1] = imin(tb + g + 8, rows_out - 1);
   }
 }
-// The layer kernel's staged B operand (STRATA_CUDA_LAYER_BSMEM, 1 n-tile): a tile's K slices of its item's
-// operand, the n-tile's live columns (n_tok * 4 at most 8; a thread whose column holds no token reads the last
-// live one, as from the operand) and both tokens' group multipliers, requested into shared memory (cp.async)
-// during the tile's first batch, and read from there by the tile's warps from their third batch on instead of
-// through L1 (the first two batches' from the operand, while the copies land). Slice s,
-// column c at b(s, c) (rows of slice * 64 bytes, 16 more between rows so that the 4 columns' 16-byte reads of
-// a k-step fall on different banks); token r's multipliers of slice s at the float index m(s, r) past m_off.
-struct BStageGeom {
-  int slice, ncols, stride, slice_bytes, m_off;
-  __device__ __forceinline__ BStageGeom(const WorkItem& it, int ks) {
-    slice = slice_groups(it.w0.kp / kColPad, ks, 4);
-    ncols = imax(imin(it.n_tok * kI8Planes, 8), 1);
-    stride = slice * kColPad + 16;
-    slice_bytes = ncols * stride;
-    m_off = ks * slice_bytes;
-  }
-  __device__ __forceinline__ int b(int s, int c) const { return s * slice_bytes + c * stride; }
-  __device__ __forceinline__ int m(int s, int r) const { return (s * 2 + r) * slice; }
-};
-// Requests a tile's staged B operand (BStageGeom) into `smem` (cp.async through L1, where the SM's other
-// blocks' copies of the same operand hit; one group), by all of the block's threads, during their first batch;
-// tc_q4_tile waits for it (and a barrier) at its third. (The down operand, written in this launch: the copies
-// are weak reads, issued after the block's acquire and barrier.)
-__device__ __forceinline__ void stage_b(const WorkItem& it, int ks, uint8_t* smem) {
-  const BStageGeom geo(it, ks);
-  const int n_all = it.w0.kp / kColPad;
-  const uint8_t* in = static_cast<const uint8_t*>(it.in) + 16 * static_cast<int>(threadIdx.x);
-  uint8_t* dst = smem + 16 * static_cast<int>(threadIdx.x);
-  for (int sl = 0; sl < ks; ++sl) {
-    const int g0 = imin(sl * geo.slice, n_all), bytes = (imin(g0 + geo.slice, n_all) - g0) * kColPad;
-    for (int c = 0; c < geo.ncols; ++c) {
-      const uint8_t* src = in + static_cast<int64_t>(c) * it.w0.kp + g0 * kColPad;
-      uint8_t* d = dst + geo.b(sl, c);
-      for (int k = 16 * static_cast<int>(threadIdx.x); k < bytes; k += 16 * kTcWarps * 32)
-        cp_async16_ca(d + k - 16 * static_cast<int>(threadIdx.x), src + k - 16 * static_cast<int>(threadIdx.x));
-    }
-    const float* m = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(8) * it.w0.kp);
-    float* ms = reinterpret_cast<float*>(smem + geo.m_off);
-    for (int r = 0; r < 2; ++r) {
-      for (int j = static_cast<int>(threadIdx.x); j < bytes / kColPad; j += kTcWarps * 32)
-        cp_async4(ms + geo.m(sl, r) + j, m + static_cast<int64_t>(r) * n_all + g0 + j);
-    }
-  }
-  cp_async_commit();
-}
+// The layer kernel's B ring (STRATA_CUDA_LAYER_BRING=D, 1 n-tile, B one unit ahead): each lane requests the B
+// values and group multipliers it will read for unit u + D (cp.async through L1, 32 + 8 bytes, one commit group
+// per unit) into its own place in a ring of D + 1 units in shared memory, and reads unit u's from there (after
+// waiting for its own copies) instead of loading them from L1 one unit ahead. The lane's place of a ring unit
+// is kBRingLane bytes (B at 0, multipliers at 32); a warp's ring unit is 32 of them.
 
 template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
@@ -357,7 +317,7 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 // these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
-  static constexpr bool kBSmem = false;                         // B from the staged copy (BStageGeom)
+  static constexpr int kBRing = 0;  // the B ring's units ahead (0: none)
   __device__ __forceinline__ uint8_t* b_smem() const { return nullptr; }
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
@@ -422,9 +382,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g_b) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
-  constexpr bool kBS = std::decay_t<Carry>::kBSmem;
-  static_assert(!kBS || (kI8 && NT == 1), "a staged B operand: exact mode, one n-tile");
-  auto ld_m = [](const float* a) { return kBS ? ld_generic_f32(a) : FRESH ? ld_weak_f32(a) : __ldg(a); };
+  constexpr int kBR = std::decay_t<Carry>::kBRing;
+  static_assert(kBR == 0 || (kI8 && NT == 1 && AHEAD_B), "a B ring: exact mode, one n-tile, B one unit ahead");
+  auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
 
@@ -447,7 +407,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
     const uint8_t* a = p + t * ntile_stride + 16 * h;
-    if constexpr (kBS) return ld_generic_u4(a);
     return FRESH ? ld_weak_u4(a) : ld_cached_u4(a);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
@@ -468,30 +427,29 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
-    // kBS: the first two batches' B values come from the operand itself; then (every warp of the block at its
-    // third batch, after the staging's copies have landed) from the staged copy, at the same offsets in its rows.
-    const uint8_t* const b_first = bnext;
-    const float* const m_first = mnext;
-    int batch_no = 0;
-    const uint8_t* b_staged = nullptr;
-    const float* m_staged = nullptr;
-    if constexpr (kBS) {
-      const BStageGeom geo(it, KS);
-      const uint8_t* sb = carry.b_smem();
-      const int sl = warp % KS;
-      b_staged = sb + geo.b(sl, imin(g_b, geo.ncols - 1)) + q * 32;
-      m_staged = reinterpret_cast<const float*>(sb + geo.m_off) + geo.m(sl, q >> 1);
-    }
-    auto to_staged = [&] {
-      if constexpr (kBS) {
-        cp_async_wait<0>();
-        __syncthreads();
-        bnext = b_staged + (bnext - b_first);
-        mnext = m_staged + (mnext - m_first);
-      }
-    };
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
+    // kBR: the B ring (see kBRingLane). ring_u: the next unit to read; its place (ring_u % (kBR + 1)); a unit's
+    // copies are requested kBR units ahead, into the place read one unit before (its registers are consumed).
+    const int n_ring = nb * UN;  // (units of whole batches only: a remainder reads the operand)
+    int ring_u = 0;
+    uint8_t* ring_lane = nullptr;
+    const uint8_t* const b_src = bnext;
+    const float* const m_src = mnext;
+    auto ring_request = [&](int u) {  // unit u's copies (none past the batches), and a commit group either way
+      if constexpr (kBR > 0) {
+        if (u < n_ring) {
+          uint8_t* d = ring_lane + (u % (kBR + 1)) * 32 * kBRingLane;
+          const uint8_t* b = b_src + u * 2 * kColPad;
+          cp_async16_ca(d, b);
+          cp_async16_ca(d + 16, b + 16);
+          cp_async4(d + 32, m_src + 2 * u);
+          cp_async4(d + 36, m_src + 2 * u + 1);
+        }
+        cp_async_commit();
+      }
+    };
+    if constexpr (kBR > 0) ring_lane = carry.b_smem() + warp * b_ring_warp_bytes(kBR) + lane * kBRingLane;
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
     // of its group k (rows g, g + 8); b(t, k) the B values of n-tile t for group k's two k-steps; mult[t][k];
     // `two`: both groups exist.
@@ -511,6 +469,23 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
+      if constexpr (kBR > 0) {
+        if (ring_u < n_ring) {  // (warp-uniform)
+          cp_async_wait<kBR - 1>();  // this lane's copies of unit ring_u have landed
+          const uint8_t* r = ring_lane + (ring_u % (kBR + 1)) * 32 * kBRingLane;
+          bv[0][0] = *reinterpret_cast<const uint4*>(r);
+          bv[0][1] = *reinterpret_cast<const uint4*>(r + 16);
+          const float2 m2 = *reinterpret_cast<const float2*>(r + 32);
+          mv[0][0] = m2.x;
+          mv[0][1] = m2.y;
+          ring_request(ring_u + kBR);
+          ++ring_u;
+          b_at = bnext;
+          bnext += 2 * kColPad;
+          mnext += 2;
+          return;
+        }
+      }
       fetch_b(bv, bnext);
       b_at = bnext;
       bnext += 2 * kColPad;
@@ -527,7 +502,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto from_n = [&](int t, int h) { return bn[t][h]; };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
     auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
-      if (kBS && ++batch_no == 3) to_staged();  // (block-uniform: the planner's equal whole batches, >= 3)
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
       if (!kAheadB) {
@@ -539,9 +513,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
       load_b(bn, mn);
       mma_unit(wv[0], sg0, sh0, from_c, mc, true);
-      if constexpr (kBS) {
-        if (batch_no == 1) stage_b(it, KS, carry.b_smem());  // (the first unit's tensor-core work issued)
-      }
       if (!last) load_b(bc, mc);
       mma_unit(wv[1], sg1, sh1, from_n, mn, true);
     };
@@ -554,6 +525,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     run_batches(
         nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
+          for (int u = 0; u < kBR; ++u) ring_request(u);  // (the B ring's first units)
           if (kAheadB) load_b(bc, mc);
         },
         run_batch, [&] { carry.near_end(); });
