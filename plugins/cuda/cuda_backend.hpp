@@ -115,10 +115,6 @@ struct Settings {
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
-  // The layer kernel at 1 n-tile (B one unit ahead) with a B ring per warp (tc_q4.cuh, kBRingLane): each lane
-  // requests its B values and multipliers this many units ahead into shared memory (cp.async) and reads them
-  // from there instead of from L1. 0 (off, the default: not measured yet), 2 or 4. STRATA_CUDA_LAYER_BRING=N.
-  int layer_bring = 0;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;
@@ -202,7 +198,6 @@ class CudaBackend {
 
   int device_;
   int sm_major_ = 9;  // the device's compute capability major (8: no programmatic dependent launches)
-  int smem_optin_ = 0;  // the shared memory a block may ask for (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   Settings settings_;
   std::atomic<int> fail_next_{0};
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly

@@ -315,8 +315,6 @@ struct Plan {
   // count; zero in the pinned head, so that the head's copy clears them before each launch).
   bool layer = false;
   uint64_t sync_off = 0, sync_bytes = 0;
-  // The layer kernel's B rings at 1 n-tile (Settings::layer_bring): a block's shared memory for them; 0: off.
-  unsigned b_smem = 0;
 };
 
 // plan_group's working lists (a slot keeps them: Slot::scratch).
@@ -501,9 +499,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  settings_.layer_bring = env_int("STRATA_CUDA_LAYER_BRING", 0, 4, 0, settings_.layer_bring);
-  if (settings_.layer_bring != 2 && settings_.layer_bring != 4) settings_.layer_bring = 0;  // (the instances)
-  smem_optin_ = smem_optin;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1017,10 +1012,6 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
-    if (p.layer && gu.nt == 1 && settings_.layer_bring > 0 && !layer_lean_for(1)) {
-      const unsigned need = static_cast<unsigned>(kTcWarps * b_ring_warp_bytes(settings_.layer_bring));
-      if (need + 16384 <= static_cast<unsigned>(smem_optin_)) p.b_smem = need;
-    }
   }
 }
 
@@ -1226,7 +1217,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(static_cast<uint64_t>(p.b_smem));  // (the B-ring instance and its shared memory)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1324,7 +1314,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
     lw.max_sms = settings_.layer_sms;
-    lw.b_smem = static_cast<int32_t>(p.b_smem);
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

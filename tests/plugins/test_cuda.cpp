@@ -999,7 +999,7 @@ TEST_CASE(
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
     // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per SM)
-    // and the B-ahead ones, each alone and persistent; B rings in shared memory.
+    // and the B-ahead ones, each alone and persistent.
     using Env = std::vector<std::pair<const char*, const char*>>;
     // (The default is lean at 2 n-tiles only; LEAN=0 runs the B-ahead instances at every n-tile count.)
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
@@ -1010,54 +1010,12 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
-                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
-                         // each warp's B ring in shared memory, 2 and 4 units ahead (1 n-tile; 2 as before)
-                         {{"STRATA_CUDA_LAYER_BRING", "2"}},
-                         {{"STRATA_CUDA_LAYER_BRING", "4"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
       gpu_case_layer(rec, env);
-    }
-    // The B rings with one token per expert (gate/up 3, 4 and 6 batches per warp, down 3, 4 and 5): the separate
-    // launches' bits, alone and persistent.
-    for (const char* persistent : {"0", "1"}) {
-      CAPTURE(persistent);
-      auto staged = make_cuda_with_envs(
-          *rec, {{"STRATA_CUDA_LAYER_BRING", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", persistent}});
-      auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
-      auto ref = cpu_reference();
-      std::mt19937 rng(78);
-      for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
-        CAPTURE(weight_format_name(f));
-        for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{1536, 768}, {2048, 1024}, {3072, 1280}}) {
-          const int64_t hidden = hidden_ffn.first, ffn = hidden_ffn.second;
-          CAPTURE(hidden);
-          const std::vector<int> counts = {1, 1, 0, 1};
-          const Group grp(rng, hidden, ffn, 3, counts, same_format(f, counts.size()));
-          std::vector<ResidentMatrix> keep;
-          const auto got = on_device(*staged, grp, keep).run(*staged);
-          const auto want = grp.run(*passes), cpu = grp.run(*ref);
-          for (size_t e = 0; e < counts.size(); ++e) {
-            CAPTURE(e);
-            CHECK(std::memcmp(got[e].data(), want[e].data(), want[e].size() * 4) == 0);
-            CHECK(rel_err(got[e].data(), cpu[e].data(), cpu[e].size()) <= kExactTol);
-          }
-        }
-      }
-    }
-    if (rec->name == std::string("cuda_emu")) {  // (the B-ring instance really ran: it needs shared memory)
-      auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BRING", "4");
-      auto plain = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_BRING", "0");
-      std::mt19937 rng(77);
-      const Group grp(rng, 1536, 768, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
-      std::vector<ResidentMatrix> keep_s, keep_p;
-      const Group on_s = on_device(*staged, grp, keep_s), on_p = on_device(*plain, grp, keep_p);
-      ::setenv("STRATA_CUDA_EMU_NO_DYN_SMEM", "1", 1);
-      CHECK_THROWS(on_s.run(*staged));
-      CHECK_NOTHROW(on_p.run(*plain));
-      ::unsetenv("STRATA_CUDA_EMU_NO_DYN_SMEM");
     }
   }
 }

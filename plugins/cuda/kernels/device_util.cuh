@@ -285,16 +285,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 #endif
 }
-// The same, allocating in L1 (cp.async.ca): for data several warps and blocks of an SM copy in turn (the layer
-// kernel's B ring).
-__device__ __forceinline__ void cp_async16_ca(void* dst, const void* src) {
-#if defined(STRATA_CUDA_EMULATE)
-  emu::cp_async(dst, src, 16);
-#else
-  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 #if defined(STRATA_CUDA_EMULATE)
   emu::cp_async(dst, src, 4);

@@ -27,8 +27,6 @@
 // wave. Removed.)
 #pragma once
 
-#include <atomic>
-
 #include "encode_i8.cuh"
 #include "tc_q4.cuh"
 
@@ -64,12 +62,9 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-template <int FMT, int BRING = 0>
+template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
-  static constexpr int kBRing = BRING;
-  uint8_t* b_stage = nullptr;  // BRING: the block's dynamic shared memory (its warps' B rings)
-  __device__ __forceinline__ uint8_t* b_smem() const { return b_stage; }
   const LayerWork& lw;
   I8Regs& r;
   int& primed_;   // batches of the current tile already in r
@@ -103,14 +98,11 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-template <int FMT, int NT, bool LEAN = false, int BRING = 0>
+template <int FMT, int NT, bool LEAN = false>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
-  static_assert(BRING == 0 || (NT == 1 && !LEAN), "the B ring: one n-tile, B one unit ahead");
   grid_dep_launch();
-  STRATA_DYN_SMEM(b_stage_mem);
-  uint8_t* const b_stage = BRING > 0 ? b_stage_mem : nullptr;
   __shared__ int s_ticket, s_last;
   const int n_gu = lw.n_items * lw.gu_tiles;
   const int n_all = n_gu + lw.n_items * lw.dn_tiles;
@@ -132,7 +124,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    LayerCarry<FMT, BRING> carry{b_stage, lw, regs, primed, &s_ticket, -1, n_all};
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
       tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
@@ -210,18 +202,8 @@ int layer_blocks(int tiles, int max_sms) {
 template <auto kernel>
 cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
-  const unsigned smem = static_cast<unsigned>(lw.b_smem);
-  if (smem > 0) {  // (allowed once per size; the host checked the device's limit)
-    static std::atomic<unsigned> allowed{0};
-    if (allowed.load(std::memory_order_relaxed) < smem) {
-      const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-      allowed.store(smem, std::memory_order_relaxed);
-    }
-  }
   const int blocks = lw.persistent ? layer_blocks<kernel>(tiles, lw.max_sms) : tiles;
-  return launch_kernel_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), smem, on, true, lw);
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
 // lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
@@ -229,10 +211,6 @@ template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
-  if (nt == 1 && lw.b_smem == kTcWarps * b_ring_warp_bytes(2))
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, 2>>(lw, on);
-  if (nt == 1 && lw.b_smem == kTcWarps * b_ring_warp_bytes(4))
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, 4>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
   if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);

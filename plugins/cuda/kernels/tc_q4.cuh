@@ -165,12 +165,6 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
     ws.rows[1] = imin(tb + g + 8, rows_out - 1);
   }
 }
-// The layer kernel's B ring (STRATA_CUDA_LAYER_BRING=D, 1 n-tile, B one unit ahead): each lane requests the B
-// values and group multipliers it will read for unit u + D (cp.async through L1, 32 + 8 bytes, one commit group
-// per unit) into its own place in a ring of D + 1 units in shared memory, and reads unit u's from there (after
-// waiting for its own copies) instead of loading them from L1 one unit ahead. The lane's place of a ring unit
-// is kBRingLane bytes (B at 0, multipliers at 32); a warp's ring unit is 32 of them.
-
 template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
   using Sh = TileShape<GATE_UP>;
@@ -317,8 +311,6 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 // these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
-  static constexpr int kBRing = 0;  // the B ring's units ahead (0: none)
-  __device__ __forceinline__ uint8_t* b_smem() const { return nullptr; }
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
@@ -382,8 +374,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g_b) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
-  constexpr int kBR = std::decay_t<Carry>::kBRing;
-  static_assert(kBR == 0 || (kI8 && NT == 1 && AHEAD_B), "a B ring: exact mode, one n-tile, B one unit ahead");
   auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
@@ -429,27 +419,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     const float* mnext = mp + g_first;
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
-    // kBR: the B ring (see kBRingLane). ring_u: the next unit to read; its place (ring_u % (kBR + 1)); a unit's
-    // copies are requested kBR units ahead, into the place read one unit before (its registers are consumed).
-    const int n_ring = nb * UN;  // (units of whole batches only: a remainder reads the operand)
-    int ring_u = 0;
-    uint8_t* ring_lane = nullptr;
-    const uint8_t* const b_src = bnext;
-    const float* const m_src = mnext;
-    auto ring_request = [&](int u) {  // unit u's copies (none past the batches), and a commit group either way
-      if constexpr (kBR > 0) {
-        if (u < n_ring) {
-          uint8_t* d = ring_lane + (u % (kBR + 1)) * 32 * kBRingLane;
-          const uint8_t* b = b_src + u * 2 * kColPad;
-          cp_async16_ca(d, b);
-          cp_async16_ca(d + 16, b + 16);
-          cp_async4(d + 32, m_src + 2 * u);
-          cp_async4(d + 36, m_src + 2 * u + 1);
-        }
-        cp_async_commit();
-      }
-    };
-    if constexpr (kBR > 0) ring_lane = carry.b_smem() + warp * b_ring_warp_bytes(kBR) + lane * kBRingLane;
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
     // of its group k (rows g, g + 8); b(t, k) the B values of n-tile t for group k's two k-steps; mult[t][k];
     // `two`: both groups exist.
@@ -469,23 +438,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // The next unit's B values (kept, or only their address noted) and multipliers; advances the pointers.
     const uint8_t* b_at = bnext;
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
-      if constexpr (kBR > 0) {
-        if (ring_u < n_ring) {  // (warp-uniform)
-          cp_async_wait<kBR - 1>();  // this lane's copies of unit ring_u have landed
-          const uint8_t* r = ring_lane + (ring_u % (kBR + 1)) * 32 * kBRingLane;
-          bv[0][0] = *reinterpret_cast<const uint4*>(r);
-          bv[0][1] = *reinterpret_cast<const uint4*>(r + 16);
-          const float2 m2 = *reinterpret_cast<const float2*>(r + 32);
-          mv[0][0] = m2.x;
-          mv[0][1] = m2.y;
-          ring_request(ring_u + kBR);
-          ++ring_u;
-          b_at = bnext;
-          bnext += 2 * kColPad;
-          mnext += 2;
-          return;
-        }
-      }
       fetch_b(bv, bnext);
       b_at = bnext;
       bnext += 2 * kColPad;
@@ -525,7 +477,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     run_batches(
         nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
-          for (int u = 0; u < kBR; ++u) ring_request(u);  // (the B ring's first units)
           if (kAheadB) load_b(bc, mc);
         },
         run_batch, [&] { carry.near_end(); });

@@ -106,7 +106,6 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
-  int32_t b_smem;      // > 0: 1 n-tile, the warps' B rings in this many bytes of shared memory (tc_q4.cuh)
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
@@ -143,9 +142,6 @@ constexpr int kGemvSplits = -1;
 // The exact tensor-core operands (int8 digit planes, 4 columns per token) are marked by this "splits" value.
 constexpr int kI8Splits = -2;
 constexpr int kI8Planes = 4;
-// The layer kernel's B ring (tc_q4.cuh): a lane's place of a ring unit, and a warp's ring of d + 1 units.
-constexpr int kBRingLane = 48;
-__host__ __device__ constexpr int b_ring_warp_bytes(int d) { return (d + 1) * 32 * kBRingLane; }
 // A gemv warp step covers 32 lanes x 32 columns; a gemv operand row is a whole number of steps.
 constexpr int kGemvStepCols = 1024;
 
