@@ -1,7 +1,9 @@
 # Shared setup of the device A/B scripts (layer_ab.sh, layer_timeline.sh), sourced after `cd` to the repository
 # root with `out_default` set: the bundle's libraries on the path, the fixtures, $out and its summary.txt,
 # note() (a line to stdout and the summary), logs=() (files for logs.tgz), and with TESTS=1 (default) test_cuda
-# run first and its counts noted.
+# run first and its counts noted: TEST_CASES (a doctest -tc filter, e.g. '*layer kernel*') runs only those cases,
+# TEST_RUNS (1) times, each into its own log (a race on the hardware may show in one run of several). A run script
+# needs no environment of its own beyond these (runs 105-112 each wrote this setup out again).
 bundle=${BUNDLE:-build-cuda/bundle}
 out=${OUT:-$out_default}
 mkdir -p "$out"
@@ -12,7 +14,11 @@ summary="$out/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 logs=()
 if [ "${TESTS:-1}" = "1" ]; then
-  timeout 300 "$bundle/bin/test_cuda" > "$out/test_cuda.log" 2>&1
-  note "test_cuda: exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/test_cuda.log" | tr '\n' ' ')"
-  logs+=(test_cuda.log)
+  for k in $(seq 1 "${TEST_RUNS:-1}"); do
+    log=test_cuda.log
+    [ "${TEST_RUNS:-1}" != "1" ] && log="test_cuda_$k.log"
+    timeout 300 "$bundle/bin/test_cuda" ${TEST_CASES:+"-tc=$TEST_CASES"} > "$out/$log" 2>&1
+    note "test_cuda${TEST_CASES:+ -tc=$TEST_CASES} ($k): exit $?; $(grep -E '^\[doctest\] (test cases|assertions)' "$out/$log" | tr '\n' ' ')"
+    logs+=("$log")
+  done
 fi
