@@ -115,15 +115,6 @@ struct Settings {
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
-  // The layer kernel at 1 n-tile with each down tile's B operand (the live columns and the multipliers of its
-  // expert's down operand, DnBStage in tc_q4.cuh) copied into shared memory once its inputs are there, and read
-  // from there instead of through L1: 0 off; 1 every batch's, after waiting for the copy; 2 from the second
-  // batch on (the first from the operand while the copy lands). STRATA_CUDA_LAYER_DN_BSMEM=0/1/2.
-  int layer_dn_bsmem = 0;
-  // The first preparation launch lets the next kernel start only once its activations are read and encoded
-  // (not as it starts), so that the layer kernel's first weight loads do not queue ahead of those reads.
-  // STRATA_CUDA_PREP_LATE=1.
-  bool prep_late = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;
@@ -206,7 +197,6 @@ class CudaBackend {
   void plan_matmul(Plan& p, const strata_matrix& w, const float* x, int64_t n_x_rows);
 
   int device_;
-  int smem_optin_ = 0;  // the shared memory a block may ask for (cudaDevAttrMaxSharedMemoryPerBlockOptin)
   int sm_major_ = 9;  // the device's compute capability major (8: no programmatic dependent launches)
   Settings settings_;
   std::atomic<int> fail_next_{0};

@@ -315,10 +315,6 @@ struct Plan {
   // count; zero in the pinned head, so that the head's copy clears them before each launch).
   bool layer = false;
   uint64_t sync_off = 0, sync_bytes = 0;
-  // The layer kernel's staged down operand at 1 n-tile (Settings::layer_dn_bsmem): a block's shared memory for
-  // it (the most any down item needs) and the batch its reads switch to it; 0: off.
-  unsigned dn_b_smem = 0;
-  int dn_b_at = 0;
 };
 
 // plan_group's working lists (a slot keeps them: Slot::scratch).
@@ -503,9 +499,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  settings_.layer_dn_bsmem = env_int("STRATA_CUDA_LAYER_DN_BSMEM", 0, 2, 0, settings_.layer_dn_bsmem);
-  if (const char* v = std::getenv("STRATA_CUDA_PREP_LATE")) settings_.prep_late = std::strcmp(v, "0") != 0;
-  smem_optin_ = smem_optin;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1019,21 +1012,6 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     p.layer = gu.tc && dn.tc && gu.splits == kI8Splits && dn.splits == kI8Splits && gu.dtype == dn.dtype &&
               gu.nt == dn.nt && gu.nt <= 2 && gu.n_items == dn.n_items &&
               p.jobs.size() - p.n_jobs_first == static_cast<size_t>(gu.n_items) && gu.tiles && dn.tiles;
-    // The staged down operand: every down item's warps run at least 2 whole batches (the switch to the staged
-    // copy is a block barrier in the batch loop, and the copy is waited for there).
-    if (p.layer && gu.nt == 1 && settings_.layer_dn_bsmem > 0 && !layer_lean_for(1)) {
-      unsigned need = 0;
-      bool ok = true;
-      for (const Chunk& c : chunks) {
-        const int nd = static_cast<int>(c.down.dm.kp / kColPad);
-        ok = ok && nd / 4 >= 2;
-        need = std::max(need, dn_b_stage_bytes(nd, c.n));
-      }
-      if (ok && need <= static_cast<unsigned>(smem_optin_)) {
-        p.dn_b_smem = need;
-        p.dn_b_at = settings_.layer_dn_bsmem;
-      }
-    }
   }
 }
 
@@ -1239,8 +1217,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(static_cast<uint64_t>(p.dn_b_smem) << 8 | static_cast<uint64_t>(p.dn_b_at));  // (the staged down operand)
-  put(settings_.prep_late);  // (the first preparation's trigger)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1322,8 +1298,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     for (size_t first = from; first < to; first += kMaxGridY) {
       const int n = static_cast<int>(std::min<size_t>(kMaxGridY, to - first));
       STRATA_CK(
-          launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8,
-                      settings_.prep_late && from == 0, on),
+          launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8, on),
           "launch of prep_operands");
     }
   };
@@ -1339,8 +1314,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
     lw.max_sms = settings_.layer_sms;
-    lw.dn_b_smem = static_cast<int32_t>(p.dn_b_smem);
-    lw.dn_b_at = p.dn_b_at;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

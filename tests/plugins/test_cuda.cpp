@@ -1010,30 +1010,12 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
-                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
-                         // the down tiles' B operand staged in shared memory (1 n-tile with at least 2 down
-                         // batches per warp: 131 x 1101 and 131 x 1301, with 1 and 2 tokens; the rest as before),
-                         // read from there from the first batch, or from the second
-                         {{"STRATA_CUDA_LAYER_DN_BSMEM", "1"}},
-                         {{"STRATA_CUDA_LAYER_DN_BSMEM", "2"}},
-                         {{"STRATA_CUDA_LAYER_DN_BSMEM", "2"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
       CAPTURE(mode);
       gpu_case_layer(rec, env);
-    }
-    if (rec->name == std::string("cuda_emu")) {  // (the staged instance really ran: it needs shared memory)
-      auto staged = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_DN_BSMEM", "1");
-      auto plain = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_DN_BSMEM", "0");
-      std::mt19937 rng(77);
-      const Group grp(rng, 256, 1024, 4, {1, 1}, same_format(WeightFormat::Q4_G64, 2));
-      std::vector<ResidentMatrix> keep_s, keep_p;
-      const Group on_s = on_device(*staged, grp, keep_s), on_p = on_device(*plain, grp, keep_p);
-      ::setenv("STRATA_CUDA_EMU_NO_DYN_SMEM", "1", 1);
-      CHECK_THROWS(on_s.run(*staged));
-      CHECK_NOTHROW(on_p.run(*plain));
-      ::unsetenv("STRATA_CUDA_EMU_NO_DYN_SMEM");
     }
   }
 }

@@ -285,16 +285,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
 #endif
 }
-// The same, allocating in L1 (cp.async.ca): the layer kernel's staged down operand, which an SM's blocks of the
-// same expert copy in turn (one L2 read per SM instead of one per block).
-__device__ __forceinline__ void cp_async16_ca(void* dst, const void* src) {
-#if defined(STRATA_CUDA_EMULATE)
-  emu::cp_async(dst, src, 16);
-#else
-  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-#endif
-}
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 #if defined(STRATA_CUDA_EMULATE)
   emu::cp_async(dst, src, 4);
@@ -385,24 +375,6 @@ __device__ __forceinline__ float ld_weak_f32(const float* p) {
   float v;
   asm volatile("ld.global.f32 %0, [%1];\n" : "=f"(v) : "l"(p) : "memory");
   return v;
-#endif
-}
-
-// Generic loads (the address may be global or shared: the layer kernel's down-tile B values, from the operand
-// and then from its staged copy); weak, and cached in L1 when global (so ordered after an acquire, as
-// ld_weak_u4).
-__device__ __forceinline__ uint4 ld_generic_u4(const void* p) {
-#if defined(STRATA_CUDA_EMULATE)
-  return emu::load(static_cast<const uint4*>(p));
-#else
-  return *static_cast<const uint4*>(p);
-#endif
-}
-__device__ __forceinline__ float ld_generic_f32(const float* p) {
-#if defined(STRATA_CUDA_EMULATE)
-  return emu::load(p);
-#else
-  return *p;
 #endif
 }
 

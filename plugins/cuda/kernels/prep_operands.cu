@@ -6,10 +6,8 @@
 namespace strata_cuda {
 namespace {
 
-// late_trigger: the next kernel may start once every thread has encoded its units (their activations read),
-// not as the block starts (so its first weight loads do not queue ahead of these reads).
-__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs, bool late_trigger) {
-  if (!late_trigger) grid_dep_launch();
+__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs) {
+  grid_dep_launch();
   grid_dep_wait();  // the operands and h are read, and the outputs cleared, only after the previous kernel
   const PrepJob& j = jobs[blockIdx.y];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -20,7 +18,6 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
     encode_i8_planes(j, (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5,
                      (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5);
   }
-  if (late_trigger) grid_dep_launch();
   for (int64_t e = first; e < n_elem; e += stride) {
     const int n = static_cast<int>(e / kp);
     const int pos = static_cast<int>(e - n * kp);
@@ -66,11 +63,10 @@ int kernels_ptx_version() {
 #endif
 }
 
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, bool late_trigger,
-                        const Queue& on) {
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on) {
   if (n_jobs <= 0) return cudaSuccess;
   return launch_kernel(&prep_operands_kernel, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)),
-                       dim3(256), on, warp_jobs, jobs, late_trigger);
+                       dim3(256), on, warp_jobs, jobs);
 }
 
 }  // namespace strata_cuda

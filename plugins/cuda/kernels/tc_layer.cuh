@@ -27,8 +27,6 @@
 // wave. Removed.)
 #pragma once
 
-#include <atomic>
-
 #include "encode_i8.cuh"
 #include "tc_q4.cuh"
 
@@ -59,39 +57,14 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
   rec[kTimelineEnd] = global_ns();
 }
 
-// Requests a down tile's staged B operand (DnBStage) into `smem` by all of the block's threads, as one group of
-// copies through L1 (cp.async.ca: the SM's other blocks' copies of the same operand hit there); tc_q4_tile waits
-// for it (and a barrier) where it switches to it. The operand is written in this launch: the copies are weak
-// reads, issued after the block's acquire and barrier.
-__device__ __forceinline__ void stage_dn_b(const WorkItem& it, uint8_t* smem) {
-  const DnBStage geo(it);
-  const uint8_t* in = static_cast<const uint8_t*>(it.in);
-  const int tid = static_cast<int>(threadIdx.x), nt = kTcWarps * 32;
-  const int pieces = geo.n_all * (kColPad / 16);  // 16-byte pieces per column
-  for (int c = 0; c < geo.ncols; ++c) {
-    for (int j = tid; j < pieces; j += nt) {
-      cp_async16_ca(smem + geo.b(c) + 16 * j, in + static_cast<int64_t>(c) * it.w0.kp + 16 * j);
-    }
-  }
-  const float* m = reinterpret_cast<const float*>(in + static_cast<int64_t>(8) * it.w0.kp);  // (one n-tile)
-  float* ms = reinterpret_cast<float*>(smem + geo.m_off);
-  for (int k = tid; k < 2 * geo.n_all; k += nt) cp_async4(ms + k, m + k);
-  cp_async_commit();
-}
-
 // The layer kernel's carry between a block's tiles (tc_q4_tile's hooks), when lw.persistent: thread 0 takes
 // the next ticket as the tile's last two batches begin (the atomic's latency hides behind them; taken earlier,
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-// BSMEM: a down tile's B operand staged in the block's shared memory (b_stage, from batch lw.dn_b_at on).
-template <int FMT, bool BSMEM = false>
+template <int FMT>
 struct LayerCarry {
   static constexpr bool kOn = true;
-  static constexpr bool kBSmem = BSMEM;
-  const uint8_t* b_stage;
-  __device__ __forceinline__ const uint8_t* b_smem() const { return b_stage; }
-  __device__ __forceinline__ int b_at() const { return BSMEM ? lw.dn_b_at : 0; }
   const LayerWork& lw;
   I8Regs& r;
   int& primed_;   // batches of the current tile already in r
@@ -125,15 +98,11 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// BSMEM (1 n-tile): the down tiles' B operand staged in shared memory (LayerWork::dn_b_smem).
-template <int FMT, int NT, bool LEAN = false, bool BSMEM = false>
+template <int FMT, int NT, bool LEAN = false>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
-  static_assert(!BSMEM || NT == 1, "the staged down operand: one n-tile");
   grid_dep_launch();
-  STRATA_DYN_SMEM(b_stage_mem);
-  uint8_t* const b_stage = BSMEM ? b_stage_mem : nullptr;
   __shared__ int s_ticket, s_last;
   const int n_gu = lw.n_items * lw.gu_tiles;
   const int n_all = n_gu + lw.n_items * lw.dn_tiles;
@@ -155,7 +124,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    LayerCarry<FMT> carry{nullptr, lw, regs, primed, &s_ticket, -1, n_all};
+    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
       tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
@@ -187,21 +156,17 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      LayerCarry<FMT, BSMEM> dn_carry{b_stage, lw, regs, primed, &s_ticket, -1, n_all};
-      const WorkItem& item = lw.items[lw.n_items + i];
       tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(
-          item, bx,
+          lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
             if (threadIdx.x == 0) {
               while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
             }
             __syncthreads();
-            if constexpr (BSMEM) stage_dn_b(item, b_stage);
             mark(kTimelineInputs);
           },
-          dn_carry);
-      carry.next_all = dn_carry.next_all;
+          carry);
     }
     if (lw.timeline != nullptr && threadIdx.x == 0) write_timeline(lw, t, s_times);
     t = carry.next_all;
@@ -237,18 +202,8 @@ int layer_blocks(int tiles, int max_sms) {
 template <auto kernel>
 cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   const int tiles = lw.n_items * (lw.gu_tiles + lw.dn_tiles);
-  const unsigned smem = static_cast<unsigned>(lw.dn_b_smem);
-  if (smem > 48 * 1024) {  // (allowed once per size; the host checked the device's limit)
-    static std::atomic<unsigned> allowed{0};
-    if (allowed.load(std::memory_order_relaxed) < smem) {
-      const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
-      allowed.store(smem, std::memory_order_relaxed);
-    }
-  }
   const int blocks = lw.persistent ? layer_blocks<kernel>(tiles, lw.max_sms) : tiles;
-  return launch_kernel_smem(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), smem, on, true, lw);
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
 // lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
@@ -256,7 +211,6 @@ template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
-  if (nt == 1 && lw.dn_b_smem > 0) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, true>>(lw, on);
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
   if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);

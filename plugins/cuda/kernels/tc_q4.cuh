@@ -165,22 +165,6 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
     ws.rows[1] = imin(tb + g + 8, rows_out - 1);
   }
 }
-// The layer kernel's staged down operand (LayerWork::dn_b_smem, 1 n-tile): a down item's operand columns that
-// hold tokens (n_tok * 4, at most 8; a thread whose column holds no token reads the last live one, as from the
-// operand) and both tokens' group multipliers, copied into shared memory once the tile's inputs are there and
-// read from there instead of through L1 (a down tile's 4 warps all read the whole of it). Column c at b(c)
-// (rows of n_all * 64 bytes, 16 more between rows so that a k-step's 16-byte reads of the 4 columns fall on
-// different banks); token r's multipliers at the float index m(r) past m_off. dn_b_stage_bytes is its size.
-struct DnBStage {
-  int n_all, ncols, stride, m_off;
-  __device__ __forceinline__ explicit DnBStage(const WorkItem& it)
-      : n_all(it.w0.kp / kColPad),
-        ncols(imax(imin(it.n_tok * kI8Planes, 8), 1)),
-        stride(n_all * kColPad + 16),
-        m_off(ncols * stride) {}
-  __device__ __forceinline__ int b(int c) const { return c * stride; }
-  __device__ __forceinline__ int m(int r) const { return r * n_all; }
-};
 template <bool GATE_UP, bool TILES = false>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
   using Sh = TileShape<GATE_UP>;
@@ -327,10 +311,6 @@ __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs&
 // these for a tile past the item's rows (called by the whole block: it may hold a barrier).
 struct NoCarry {
   static constexpr bool kOn = false;
-  // kBSmem: the tile's B operand is staged (DnBStage) at b_smem(); its reads switch there from batch b_at().
-  static constexpr bool kBSmem = false;
-  __device__ __forceinline__ const uint8_t* b_smem() const { return nullptr; }
-  __device__ __forceinline__ int b_at() const { return 0; }
   __device__ __forceinline__ int primed() const { return 0; }
   __device__ __forceinline__ void near_end() {}
   __device__ __forceinline__ void before_stage() {}
@@ -394,9 +374,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g_b) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
-  constexpr bool kBS = std::decay_t<Carry>::kBSmem;
-  static_assert(!kBS || (kI8 && NT == 1 && !GATE_UP), "a staged B operand: exact down tiles, one n-tile");
-  auto ld_m = [](const float* a) { return kBS ? ld_generic_f32(a) : FRESH ? ld_weak_f32(a) : __ldg(a); };
+  auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
 
@@ -419,7 +397,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
     const uint8_t* a = p + t * ntile_stride + 16 * h;
-    if constexpr (kBS) return ld_generic_u4(a);
     return FRESH ? ld_weak_u4(a) : ld_cached_u4(a);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
@@ -440,21 +417,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
     const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
     const float* mnext = mp + g_first;
-    // kBS: from batch b_at (1: before the first B load) on, every warp of the block (after the staged copy has
-    // landed: a wait and a barrier) reads its B values and multipliers from the staged copy, at the same
-    // offsets in its rows; before, from the operand.
-    int batch_no = 0;
-    const int b_at_batch = carry.b_at();
-    auto to_staged = [&] {
-      if constexpr (kBS) {
-        const DnBStage geo(it);
-        const uint8_t* sb = carry.b_smem();
-        cp_async_wait<0>();
-        __syncthreads();
-        bnext = sb + geo.b(imin(g_b, geo.ncols - 1)) + (bnext - bp);
-        mnext = reinterpret_cast<const float*>(sb + geo.m_off) + geo.m(q >> 1) + (mnext - mp);
-      }
-    };
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
     // One unit: w[0], w[1] rows g, g + 8 (x, y: group 0's two words; z, w: group 1's); sg[k], sh[k] the scales
@@ -492,7 +454,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto from_n = [&](int t, int h) { return bn[t][h]; };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
     auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
-      if (kBS && ++batch_no == b_at_batch && b_at_batch > 1) to_staged();  // (block-uniform: equal batches)
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
       if (!kAheadB) {
@@ -516,7 +477,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     run_batches(
         nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
         [&] {
-          if (kBS && b_at_batch == 1) to_staged();
           if (kAheadB) load_b(bc, mc);
         },
         run_batch, [&] { carry.near_end(); });

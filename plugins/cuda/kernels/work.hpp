@@ -106,10 +106,6 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
-  // > 0 (1 n-tile): each down tile's B operand (its live columns and multipliers, BStageGeom) copied into this
-  // many bytes of dynamic shared memory once its inputs are there, and read from there from batch dn_b_at
-  // (1: all of them, after waiting for the copy; 2: the first from the operand while the copy lands) on.
-  int32_t dn_b_smem, dn_b_at;
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
@@ -146,12 +142,6 @@ constexpr int kGemvSplits = -1;
 // The exact tensor-core operands (int8 digit planes, 4 columns per token) are marked by this "splits" value.
 constexpr int kI8Splits = -2;
 constexpr int kI8Planes = 4;
-// The layer kernel's staged down operand (BStageGeom, tc_q4.cuh): a block's shared memory for a down item of
-// n_all groups of K and n_tok tokens (one n-tile, one K slice).
-inline unsigned dn_b_stage_bytes(int n_all, int n_tok) {
-  const int ncols = n_tok * kI8Planes < 8 ? n_tok * kI8Planes : 8;
-  return static_cast<unsigned>(ncols * (n_all * kColPad + 16) + 2 * n_all * 4);
-}
 // A gemv warp step covers 32 lanes x 32 columns; a gemv operand row is a whole number of steps.
 constexpr int kGemvStepCols = 1024;
 
@@ -166,10 +156,8 @@ struct Queue {
 
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
-// warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu). late_trigger: the next
-// kernel starts once the jobs' activations are read and encoded, not as the launch starts.
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, bool late_trigger,
-                        const Queue& on);
+// warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu).
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on);
 // The PTX version (10 major + minor) this build's kernels run from on the current device: 90 or more when
 // they hold griddepcontrol (compiled for compute_90+; a compute_80 PTX the driver compiled for an sm_90
 // device has none, so dependent launches must stay off there). 0 when the query fails.
