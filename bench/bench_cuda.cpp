@@ -187,6 +187,10 @@ struct TimelineSummary {
   double tile_gu = 0, tile_dn = 0;  // median tile time (inputs to end), gate/up and down
   double down_wait = 0;             // the longest a down tile waited for its h (start to inputs)
   int peak = 0;                     // most tiles in flight
+  // The first preparation launch's earliest block start and latest block end (negative: before the first
+  // tile's start), and the device's span from that start to the last tile's end (both launches' own time,
+  // without the launch latency after the event that the queued time includes); 0 without its stamps.
+  double prep_start = 0, prep_end = 0, device = 0;
   double full_until = 0;            // the last us with at least 90 % of the peak in flight
   std::vector<int> busy;            // tiles in flight per us
 };
@@ -196,6 +200,7 @@ TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_ti
   TimelineSummary r;
   const size_t n = rec.size() / S::kTimelineWords;
   if (n == 0) return r;
+  const bool stamped = rec.size() % S::kTimelineWords == S::kPrepStampWords;
   auto at = [&](size_t t, int k) { return rec[t * S::kTimelineWords + static_cast<size_t>(k)]; };
   uint64_t t0 = UINT64_MAX, t_end = 0, t_out = 0;
   for (size_t t = 0; t < n; ++t) {
@@ -208,6 +213,15 @@ TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_ti
   auto us = [&](uint64_t v) { return static_cast<double>(v - t0) * 1e-3; };
   r.span = us(t_end);
   r.out = us(t_out);
+  if (stamped) {
+    const uint64_t* st = rec.data() + n * S::kTimelineWords;
+    if (st[S::kPrepStampFirst] != 0 && st[S::kPrepStampLast] != 0) {
+      auto rel = [&](uint64_t v) { return (static_cast<double>(v) - static_cast<double>(t0)) * 1e-3; };
+      r.prep_start = rel(~st[S::kPrepStampFirst]);
+      r.prep_end = rel(st[S::kPrepStampLast]);
+      r.device = r.span - r.prep_start;
+    }
+  }
   std::vector<double> first_inputs, gu, dn;
   r.inputs_first = r.span;
   r.busy.assign(static_cast<size_t>(r.span) + 1, 0);
@@ -389,13 +403,14 @@ int main(int argc, char** argv) {
             "timeline (default settings; us from the first tile's start; in flight: tiles between their "
             "inputs "
             "and their end):\n");
-        fmt::print("{:>4} {:>6} {:>7} {:>7} {:>13} {:>7} {:>7} {:>7} {:>11} {:>7} {:>6}\n", "rows", "pass",
-                   "queued", "span", "inputs 1st/wv", "out", "full", "tile gu", "tile dn", "dn wait", "peak");
+        fmt::print("{:>4} {:>6} {:>7} {:>7} {:>13} {:>7} {:>7} {:>7} {:>11} {:>7} {:>6} {:>13} {:>7}\n", "rows",
+                   "pass", "queued", "span", "inputs 1st/wv", "out", "full", "tile gu", "tile dn", "dn wait",
+                   "peak", "prep from/to", "device");
         for (int rows : {1, 2, 3, 4}) {
           std::vector<float> x(static_cast<size_t>(rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
           for (auto& v : x) v = nd(rng);
-          std::vector<double> queued, span, full;
+          std::vector<double> queued, span, full, device;
           TimelineSummary last;
           for (int pass = 0; pass <= rounds; ++pass) {
             for (int l = 0; l < layers; ++l) {
@@ -417,20 +432,23 @@ int main(int argc, char** argv) {
               queued.push_back(t.at(0) * 1e3);
               span.push_back(sm.span);
               full.push_back(sm.full_until);
+              device.push_back(sm.device);
               if (l == 0) {
                 fmt::print(
                     "{:>4} {:>6} {:>7.1f} {:>7.1f} {:>6.1f}/{:<6.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>11.1f} "
-                    "{:>7.1f} {:>6}\n",
+                    "{:>7.1f} {:>6} {:>6.1f}/{:<6.1f} {:>7.1f}\n",
                     rows, pass, t.at(0) * 1e3, sm.span, sm.inputs_first, sm.inputs_wave, sm.out,
-                    sm.full_until, sm.tile_gu, sm.tile_dn, sm.down_wait, sm.peak);
+                    sm.full_until, sm.tile_gu, sm.tile_dn, sm.down_wait, sm.peak, sm.prep_start, sm.prep_end,
+                    sm.device);
               }
               last = sm;
             }
           }
           fmt::print(
               "{:>4} median queued {:.1f} us, span {:.1f} us, >= 90 % of the peak in flight until {:.1f} "
-              "us\n",
-              rows, median(queued), median(span), median(full));
+              "us; device (the preparation's start to the last tile's end) {:.1f} us, {:.1f} % of {:.0f} GB/s\n",
+              rows, median(queued), median(span), median(full), median(device),
+              100.0 * layer_bytes / (median(device) * 1e-6) / 1e9 / peak, peak);
           // (at most 120 figures: longer spans, e.g. on the emulation, are shown in wider steps, their
           // maxima)
           const size_t step = (last.busy.size() + 119) / 120;

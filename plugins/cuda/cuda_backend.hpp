@@ -169,8 +169,9 @@ class CudaBackend {
   // hold_us > 0: each run's launches are queued behind a kernel spinning that long, so the time is the
   // device's alone (without it, the first kernels may wait for the host to submit them).
   // timeline (a layer-kernel group only): the runs are launched directly, not as a graph, the layer kernel
-  // writes each ticket's record (kernels/work.hpp kTimeline*, kTimelineWords per ticket) and the last run's
-  // are returned there; left empty for a group without the layer kernel. Not with other groups in flight.
+  // writes each ticket's record (kernels/work.hpp kTimeline*, kTimelineWords per ticket), the first
+  // preparation launch its start and end after them (kPrepStamp*), and the last run's are returned there;
+  // left empty for a group without the layer kernel. Not with other groups in flight.
   std::vector<float> time_expert_group(const float* x, int64_t n_x_rows, int64_t hidden, int32_t n_tasks,
                                        const strata_expert_task* tasks, int iters, int hold_us = 0,
                                        std::vector<uint64_t>* timeline = nullptr);

@@ -982,8 +982,11 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.splits = c.gu.splits;
     j.ncols = c.gu.tc ? 8 * c.gu_nt : c.n;
     j.dst_off = c.in_off;
-    j.zero_off = c.h_off;
-    j.zero_bytes = static_cast<int64_t>(c.h_bytes);
+    // (EXPERIMENT: an exact-mode down operand is encoded from h's written entries only)
+    if (c.dn_op_off == kNone || std::getenv("STRATA_CUDA_EXP_KEEP_ZERO") != nullptr) {
+      j.zero_off = c.h_off;
+      j.zero_bytes = static_cast<int64_t>(c.h_bytes);
+    }
     p.jobs.push_back(j);
   }
   p.n_jobs_first = p.jobs.size();
@@ -1292,13 +1295,17 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
 void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
+  // (time_expert_group's timeline: the first preparation launch notes its start and end after the records)
+  uint64_t* const prep_stamps =
+      timeline_dev_ != nullptr ? timeline_dev_ + static_cast<int64_t>(timeline_n_) * kTimelineWords : nullptr;
   auto prep = [&](size_t from, size_t to) {
     bool i8 = false;
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
     for (size_t first = from; first < to; first += kMaxGridY) {
       const int n = static_cast<int>(std::min<size_t>(kMaxGridY, to - first));
       STRATA_CK(
-          launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8, on),
+          launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8,
+                      from == 0 && first == 0 ? prep_stamps : nullptr, on),
           "launch of prep_operands");
     }
   };
@@ -1584,18 +1591,25 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     if (timeline != nullptr && p.layer) {
       const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
       const int64_t n = static_cast<int64_t>(gu.n_items) * (gu.grid_x + dn.grid_x);
-      const size_t bytes = static_cast<size_t>(n) * kTimelineWords * sizeof(uint64_t);
+      const size_t words = static_cast<size_t>(n) * kTimelineWords + kPrepStampWords;
+      const size_t bytes = words * sizeof(uint64_t);
       STRATA_CK(cudaMalloc(&timeline_dev_, bytes), "cudaMalloc of the layer timeline");
       STRATA_CK(cudaMemset(timeline_dev_, 0, bytes), "clearing the layer timeline");
       timeline_n_ = static_cast<int32_t>(n);
-      timeline->resize(static_cast<size_t>(n) * kTimelineWords);
+      timeline->resize(words);
     }
     stage(*s, p);
     for (int i = 0; i < iters; ++i) {
-      // A relaunch without staging: the layer kernel's counters cleared again, before the timed span.
+      // A relaunch without staging: the layer kernel's counters cleared again, before the timed span (and
+      // the preparation's stamps).
       if (p.layer && i > 0) {
         STRATA_CK(cudaMemsetAsync(s->dev + p.sync_off, 0, p.sync_bytes, s->stream),
                   "clearing the layer counters");
+        if (timeline_dev_ != nullptr) {
+          STRATA_CK(cudaMemsetAsync(timeline_dev_ + static_cast<int64_t>(timeline_n_) * kTimelineWords, 0,
+                                    kPrepStampWords * sizeof(uint64_t), s->stream),
+                    "clearing the preparation's stamps");
+        }
       }
       STRATA_CK(launch_hold(hold_us, s->stream), "launch of the hold kernel");
       STRATA_CK(cudaEventRecord(s->t0, s->stream), "cudaEventRecord");

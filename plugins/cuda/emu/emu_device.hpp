@@ -108,6 +108,11 @@ inline int atomicAdd(int* p, int v) {
   *p = old + v;
   return old;
 }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = old > v ? old : v;
+  return old;
+}
 inline void __threadfence() {}
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   return ::strata_cuda::emu::shfl_xor(v, lane_mask);

@@ -6,8 +6,13 @@
 namespace strata_cuda {
 namespace {
 
-__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs) {
+// stamps: NULL, or the launch's kPrepStamp* words (bench_cuda --timeline).
+__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs, uint64_t* stamps) {
   grid_dep_launch();
+  auto stamp = [&](int k, uint64_t v) {
+    atomicMax(reinterpret_cast<unsigned long long*>(stamps + k), static_cast<unsigned long long>(v));
+  };
+  if (stamps != nullptr && threadIdx.x == 0) stamp(kPrepStampFirst, ~global_ns());
   grid_dep_wait();  // the operands and h are read, and the outputs cleared, only after the previous kernel
   const PrepJob& j = jobs[blockIdx.y];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -46,6 +51,10 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
     uint4* z = static_cast<uint4*>(j.zero);
     for (int64_t e = first; e < j.zero_bytes / 16; e += stride) z[e] = make_uint4(0u, 0u, 0u, 0u);
   }
+  if (stamps != nullptr) {  // (block-uniform)
+    __syncthreads();
+    if (threadIdx.x == 0) stamp(kPrepStampLast, global_ns());
+  }
 }
 
 }  // namespace
@@ -63,10 +72,11 @@ int kernels_ptx_version() {
 #endif
 }
 
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on) {
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, uint64_t* stamps,
+                        const Queue& on) {
   if (n_jobs <= 0) return cudaSuccess;
   return launch_kernel(&prep_operands_kernel, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)),
-                       dim3(256), on, warp_jobs, jobs);
+                       dim3(256), on, warp_jobs, jobs, stamps);
 }
 
 }  // namespace strata_cuda

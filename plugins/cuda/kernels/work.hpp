@@ -116,6 +116,10 @@ struct LayerWork {
 // a down tile: its expert's h encoded too; 0 for a tile past its item's rows) and when it ended (a gate/up
 // tile: after its count and any encoding).
 enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimelineWords };
+// After the tickets' records, the first preparation launch's (prep_operands.cu, its `stamps`): its earliest block
+// start, stored bitwise negated (so that an atomicMax over the blocks keeps the earliest), and its latest block
+// end, in the same clock.
+enum : int { kPrepStampFirst, kPrepStampLast, kPrepStampWords };
 
 // Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
 // kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile) (tc_q4.cuh).
@@ -157,7 +161,9 @@ struct Queue {
 // Kernel launchers (kernels/*.cu). Each returns the launch error (cudaSuccess when queued). items/jobs are device
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
 // warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu).
-cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, const Queue& on);
+// stamps: NULL, or where the launch notes its first block's start and last block's end (kPrepStamp*).
+cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, uint64_t* stamps,
+                        const Queue& on);
 // The PTX version (10 major + minor) this build's kernels run from on the current device: 90 or more when
 // they hold griddepcontrol (compiled for compute_90+; a compute_80 PTX the driver compiled for an sm_90
 // device has none, so dependent launches must stay off there). 0 when the query fails.
