@@ -115,10 +115,6 @@ struct Settings {
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
-  // EXPERIMENT (not measured yet): the layer kernel's gate/up tiles wait for the first preparation launch's
-  // blocks to count themselves done (LayerWork::prep_done) instead of for its grid's completion
-  // (griddepcontrol.wait), and read its operand with coherent loads. STRATA_CUDA_LAYER_PREP_FLAG=1.
-  bool layer_prep_flag = false;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

@@ -499,7 +499,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_PREP_FLAG")) settings_.layer_prep_flag = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -866,8 +865,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   p.jobs_off = lay.take(2 * chunks.size() * sizeof(PrepJob));
   int64_t widest = 0;  // gate rows: the layer kernel counts gate/up tiles per 64-row group of h
   for (const Chunk& c : chunks) widest = std::max<int64_t>(widest, c.gate.dm.rows);
-  // (the last counter: the first preparation launch's finished blocks, LayerWork::prep_done)
-  p.sync_bytes = (2 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
+  p.sync_bytes = (1 + chunks.size() * static_cast<uint64_t>(1 + (widest + 63) / 64)) * sizeof(int32_t);
   p.sync_off = lay.take(p.sync_bytes);
   p.x_off = lay.take(p.x_bytes);
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
@@ -984,8 +982,11 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.splits = c.gu.splits;
     j.ncols = c.gu.tc ? 8 * c.gu_nt : c.n;
     j.dst_off = c.in_off;
-    j.zero_off = c.h_off;
-    j.zero_bytes = static_cast<int64_t>(c.h_bytes);
+    // (EXPERIMENT: an exact-mode down operand is encoded from h's written entries only)
+    if (c.dn_op_off == kNone || std::getenv("STRATA_CUDA_EXP_KEEP_ZERO") != nullptr) {
+      j.zero_off = c.h_off;
+      j.zero_bytes = static_cast<int64_t>(c.h_bytes);
+    }
     p.jobs.push_back(j);
   }
   p.n_jobs_first = p.jobs.size();
@@ -1219,7 +1220,6 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
-  put(p.layer && settings_.layer_prep_flag);  // (the preparation's counter, the layer kernel's instance)
   put(p.sync_off);
   put(p.sync_bytes);
   for (const JobSpec& j : p.jobs) put(static_cast<uint64_t>(static_cast<int64_t>(j.splits)));
@@ -1298,11 +1298,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   // (time_expert_group's timeline: the first preparation launch notes its start and end after the records)
   uint64_t* const prep_stamps =
       timeline_dev_ != nullptr ? timeline_dev_ + static_cast<int64_t>(timeline_n_) * kTimelineWords : nullptr;
-  // The layer kernel's gate/up tiles waiting on the first preparation's counter (Settings::layer_prep_flag): the
-  // sync region's last counter, one per block of that launch.
-  const bool prep_flag = p.layer && settings_.layer_prep_flag && p.n_jobs_first <= 65535;
-  int32_t* const prep_done =
-      prep_flag ? reinterpret_cast<int32_t*>(s.dev + p.sync_off + p.sync_bytes) - 1 : nullptr;
   auto prep = [&](size_t from, size_t to) {
     bool i8 = false;
     for (size_t i = from; i < to; ++i) i8 = i8 || p.jobs[i].splits == kI8Splits;
@@ -1310,7 +1305,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
       const int n = static_cast<int>(std::min<size_t>(kMaxGridY, to - first));
       STRATA_CK(
           launch_prep(reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + first, n, p.prep_blocks, i8,
-                      from == 0 && first == 0 ? prep_stamps : nullptr, from == 0 ? prep_done : nullptr, on),
+                      from == 0 && first == 0 ? prep_stamps : nullptr, on),
           "launch of prep_operands");
     }
   };
@@ -1326,8 +1321,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_tiles = dn.grid_x;
     lw.persistent = layer_persistent_for(gu.nt);
     lw.max_sms = settings_.layer_sms;
-    lw.prep_done = prep_done;
-    lw.prep_blocks = static_cast<int32_t>(p.prep_blocks * static_cast<int64_t>(p.n_jobs_first));
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);

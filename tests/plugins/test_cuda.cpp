@@ -1010,10 +1010,7 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
-                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
-                         // (EXPERIMENT) the gate/up tiles waiting on the preparation's counter
-                         {{"STRATA_CUDA_LAYER_PREP_FLAG", "1"}},
-                         {{"STRATA_CUDA_LAYER_PREP_FLAG", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}}};
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;

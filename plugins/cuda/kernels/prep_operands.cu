@@ -7,9 +7,7 @@ namespace strata_cuda {
 namespace {
 
 // stamps: NULL, or the launch's kPrepStamp* words (bench_cuda --timeline).
-// done: NULL, or a counter each block increments once its writes are visible to the device (LayerWork::prep_done).
-__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs, uint64_t* stamps,
-                                                            int32_t* done) {
+__global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __restrict__ jobs, uint64_t* stamps) {
   grid_dep_launch();
   auto stamp = [&](int k, uint64_t v) {
     atomicMax(reinterpret_cast<unsigned long long*>(stamps + k), static_cast<unsigned long long>(v));
@@ -53,11 +51,6 @@ __global__ void __launch_bounds__(256) prep_operands_kernel(const PrepJob* __res
     uint4* z = static_cast<uint4*>(j.zero);
     for (int64_t e = first; e < j.zero_bytes / 16; e += stride) z[e] = make_uint4(0u, 0u, 0u, 0u);
   }
-  if (done != nullptr) {  // (block-uniform)
-    __threadfence();  // this thread's writes, before the block's count
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(done, 1);
-  }
   if (stamps != nullptr) {  // (block-uniform)
     __syncthreads();
     if (threadIdx.x == 0) stamp(kPrepStampLast, global_ns());
@@ -80,10 +73,10 @@ int kernels_ptx_version() {
 }
 
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, uint64_t* stamps,
-                        int32_t* done, const Queue& on) {
+                        const Queue& on) {
   if (n_jobs <= 0) return cudaSuccess;
   return launch_kernel(&prep_operands_kernel, dim3(static_cast<unsigned>(blocks_x), static_cast<unsigned>(n_jobs)),
-                       dim3(256), on, warp_jobs, jobs, stamps, done);
+                       dim3(256), on, warp_jobs, jobs, stamps);
 }
 
 }  // namespace strata_cuda

@@ -98,9 +98,7 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// PREP_FLAG: the gate/up tiles wait on lw.prep_done (the preparation's finished blocks) and read their operand
-// with coherent loads (FRESH).
-template <int FMT, int NT, bool LEAN = false, bool PREP_FLAG = false>
+template <int FMT, int NT, bool LEAN = false>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
@@ -129,17 +127,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, PREP_FLAG, kAheadB, true>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
           lw.items[i], bx,
           [&] {
-            if constexpr (PREP_FLAG) {
-              if (threadIdx.x == 0) {
-                while (ld_acquire_gpu(lw.prep_done) < lw.prep_blocks) sleep_ns(32);
-              }
-              __syncthreads();
-            } else {
-              grid_dep_wait();
-            }
+            grid_dep_wait();
             mark(kTimelineInputs);
           },
           carry);
@@ -220,13 +211,7 @@ template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
   if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
-  if (nt == 1 && lw.prep_done != nullptr) {
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, true>>(lw, on);
-  }
   if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
-  if (nt == 2 && lean && lw.prep_done != nullptr) {
-    return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, true>>(lw, on);
-  }
   if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
   if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);
   return cudaErrorInvalidValue;

@@ -106,11 +106,6 @@ struct LayerWork {
   int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
-  // NULL, or the first preparation launch's counter of finished blocks (prep_operands.cu's `done`): the gate/up
-  // tiles wait until it reaches prep_blocks instead of for that launch's completion, and read its operand with
-  // coherent loads (the instances with PREP_FLAG, tc_layer.cuh).
-  int32_t* prep_done;
-  int32_t prep_blocks;
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
   // timeline_n): kTimelineWords words per ticket, see kTimeline*.
   uint64_t* timeline;
@@ -167,9 +162,8 @@ struct Queue {
 // arrays; grid_x blocks along the output rows, one block row (grid y) per item.
 // warp_jobs: some job builds int8 digit planes (warp-collective; see prep_operands.cu).
 // stamps: NULL, or where the launch notes its first block's start and last block's end (kPrepStamp*).
-// done: NULL, or a counter each block increments once its writes are visible (device scope).
 cudaError_t launch_prep(const PrepJob* jobs, int n_jobs, int blocks_x, bool warp_jobs, uint64_t* stamps,
-                        int32_t* done, const Queue& on);
+                        const Queue& on);
 // The PTX version (10 major + minor) this build's kernels run from on the current device: 90 or more when
 // they hold griddepcontrol (compiled for compute_90+; a compute_80 PTX the driver compiled for an sm_90
 // device has none, so dependent launches must stay off there). 0 when the query fails.
