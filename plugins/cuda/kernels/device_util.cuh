@@ -217,6 +217,20 @@ __device__ __forceinline__ int i8_pos(int c, int kp) {
   return unit | (((c >> 4) & 3) << 5) | (((c >> 6) & 1) << 4) | in16;
 }
 
+// Where byte pos (i8_pos) of column n of an exact-mode operand of ncols columns (8 per n-tile) and kp bytes per
+// column is stored. The wide kernels' operands (ncols == 8 kWideNt, copied to shared memory by batch):
+// column-major, n kp + pos. The narrow kernels' (and the layer kernel's): per n-tile t and 128-column unit u, the
+// unit's bytes of the n-tile's 8 columns together in 1 KB at t 8 kp + u 1024: half h (group 0 / 1 of the unit)
+// at 512 h, then column g (n % 8) at 64 g, thread q's 16 bytes of that half at 16 q. A warp's B load (thread
+// (g, q) reads its 16 bytes of half h) is then 512 contiguous bytes, 4 whole cache lines, instead of 64 bytes in
+// each of 8 columns' lines. A last unit of one group (kp / 64 odd) is 512 bytes: column g's 64 at 64 g.
+__device__ __forceinline__ int64_t i8_at(int n, int pos, int kp, int ncols) {
+  if (ncols == 8 * kWideNt) return static_cast<int64_t>(n) * kp + pos;
+  const int u = pos >> 7, w = pos & 127, g = n & 7;
+  const int within = (u + 1) * 128 <= kp ? ((w >> 4) & 1) * 512 + g * 64 + (w >> 5) * 16 + (w & 15) : g * 64 + w;
+  return static_cast<int64_t>(n >> 3) * 8 * kp + u * 1024 + within;
+}
+
 // The even (0, 2, 4, 6) or odd (1, 3, 5, 7) nibbles of the 32-bit word w (columns 0..7 of a word), each as a
 // signed byte 16 (nibble - 8): the nibble in the high half of its byte, its top bit flipped (x ^ 0x80 maps
 // 16 n to 16 n - 128). Byte i is column 2i (even) or 2i + 1 (odd). `flip` is 0x80808080 passed as a register

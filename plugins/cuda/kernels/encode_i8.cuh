@@ -49,10 +49,10 @@ __device__ __forceinline__ void encode_i8_unit(const PrepJob& j, int r, int grp,
   if (amax > 0.0f) (void)frexpf(amax, &e);  // amax = f · 2^e, f in [0.5, 1)
   for (int h = 0; h < 2; ++h) {
     int m = bad != 0.0f ? 0 : round_to_int(ldexpf(v[h], 30 - e));
-    const int64_t at = i8_pos(grp * kColPad + 2 * lane + h, j.kp);
+    const int at = i8_pos(grp * kColPad + 2 * lane + h, j.kp);
     for (int p = 0; p < kI8Planes; ++p) {
       const int d = p + 1 < kI8Planes ? static_cast<int8_t>(static_cast<uint8_t>(m & 0xFF)) : m;
-      dst[static_cast<int64_t>(kI8Planes * r + p) * j.kp + at] = static_cast<uint8_t>(d);
+      dst[i8_at(kI8Planes * r + p, at, j.kp, j.ncols)] = static_cast<uint8_t>(d);
       m = (m - d) >> 8;  // exact: m - d is a multiple of 256
     }
   }

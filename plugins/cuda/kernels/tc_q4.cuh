@@ -396,7 +396,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // One 16-byte B load of n-tile t (k-steps 2h, 2h + 1) at p; zeros for a column past the tokens. fetch_b:
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
-    const uint8_t* a = p + t * ntile_stride + 16 * h;
+    const uint8_t* a = p + t * ntile_stride + (kI8 ? 512 : 16) * h;  // (int8: the halves of a unit, i8_at)
     return FRESH ? ld_weak_u4(a) : ld_cached_u4(a);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
@@ -415,7 +415,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // nibbles k-slots 4q.., odd ones 16 + 4q.. (the operand's B bytes are in that order: i8_pos, thread q's 32
     // bytes of a unit at 32q, the first 16 its group-0 k-steps, the next 16 its group-1 ones). So every mma
     // takes one group's columns only: 4 per unit and n-tile, each group's two chained into its exact int32 sums.
-    const uint8_t* bnext = bp + q * 32 + static_cast<int64_t>(g_first) * kColPad;
+    // (i8_at: unit u of this thread's column at u 1024 + 64 g_b, thread q's 16 bytes of each half at 16 q)
+    const uint8_t* bnext =
+        static_cast<const uint8_t*>(it.in) + g_b * 64 + q * 16 + static_cast<int64_t>(g_first / 2) * 1024;
     const float* mnext = mp + g_first;
     constexpr int UN = U / 2;  // units per batch
     static_assert(U % 2 == 0, "whole units per batch");
@@ -440,7 +442,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto load_b = [&](uint4 (&bv)[NT][2], float (&mv)[NT][2]) {
       fetch_b(bv, bnext);
       b_at = bnext;
-      bnext += 2 * kColPad;
+      bnext += 1024;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         mv[t][0] = ld_m(mnext + 2 * t * n_groups_all);
@@ -492,7 +494,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const float sg[2] = {kGrouped ? __ldg(s_rem) : 0.0f, kGrouped && two ? __ldg(s_rem + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s_rem + s_d) : 0.0f, kGrouped && two ? __ldg(s_rem + s_d + 1) : 0.0f};
       s_rem += 2;
-      const uint8_t* bu = two ? bnext : bnext - 16 * q;
+      const uint8_t* bu = bnext;  // (a last half unit: column g_b's 64 bytes, thread q's 16 at 16 q: i8_at)
       uint4 bt[NT][2];
       float mt[NT][2];
 #pragma unroll
@@ -502,7 +504,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
         mt[t][1] = two ? ld_m(mnext + 2 * t * n_groups_all + 1) : 0.0f;
       }
-      bnext += 2 * kColPad;
+      bnext += 1024;
       mnext += 2;
       mma_unit(w, sg, sh, [&](int t, int h) { return bt[t][h]; }, mt, two);
     }
