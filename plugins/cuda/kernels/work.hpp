@@ -51,9 +51,10 @@ struct DevMatrix {
 //
 // Input operand `in`, by kernel family:
 //  - tensor-core (int4) kernels, exact mode (in_splits = kI8Splits): each token as 4 int8 digit planes of a
-//    per-64-column-group fixed-point form (see i8_encode in device_util.cuh): bytes [ncols][kp] with ncols =
+//    per-64-column-group fixed-point form (see i8_encode in device_util.cuh): ncols * kp bytes with ncols =
 //    8 * NT of the launch, column n = 4 r + p holding plane p of token r (columns past 4 * n_tok zero), the
-//    columns of each 128-column unit in the order the threads feed mma.sync (i8_pos); then, at byte 8 * NT * kp,
+//    columns of each 128-column unit in the order the threads feed mma.sync (i8_pos), column-major for the wide
+//    kernels and with each n-tile's unit of 8 columns together for the others (i8_at); then, at byte 8 * NT * kp,
 //    the group multipliers, f32 [2 * NT][kp / 64] (token r, group G: 2^(e - 34) for the group's exponent e,
 //    NaN for a group holding a non-finite value, 0 for tokens past n_tok).
 //  - tensor-core kernels, W4A16 mode (in_splits = 1): bf16, [ncols][kp] with ncols = 8 * NT; column r holds
