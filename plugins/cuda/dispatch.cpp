@@ -136,16 +136,17 @@ std::vector<float> to_tile_scales(const float* src, int64_t rows, int64_t cols) 
   return out;
 }
 
-// Host int4 rows (raw bytes per row) in the kTiles order: 16-byte chunk c of row r goes to
-// (r / 16) 16 rb + 512 ((r / 8) % 2) + 64 (r % 8) + 1024 (c / 4) + 16 (c % 4); padding stays zero.
+// Host int4 rows (raw bytes per row) in the kTiles order (work.hpp, q4_tile_byte): 8-byte piece i of row r
+// goes to (r / 16) 16 rb + 512 ((r / 8) % 2) + 64 (r % 8) + 1024 (i / 8) + 16 (i % 4) + 8 ((i / 4) % 2);
+// padding stays zero.
 std::vector<uint8_t> to_tiles(const uint8_t* src, int64_t rows, int64_t raw, int64_t rb) {
   std::vector<uint8_t> out(static_cast<size_t>((rows + 15) / 16 * 16 * rb), 0);
   std::vector<uint8_t> row(static_cast<size_t>(rb), 0);
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(row.data(), src + r * raw, static_cast<size_t>(raw));  // the tail of `row` stays zero
     uint8_t* tile_row = out.data() + (r >> 4) * 16 * rb + ((r >> 3) & 1) * 512 + (r & 7) * 64;
-    for (int64_t c = 0; c < rb / 16; ++c)
-      std::memcpy(tile_row + (c >> 2) * 1024 + (c & 3) * 16, &row[c * 16], 16);
+    for (int64_t i = 0; i < rb / 8; ++i)
+      std::memcpy(tile_row + (i >> 3) * 1024 + (i & 3) * 16 + ((i >> 2) & 1) * 8, &row[i * 8], 8);
   }
   return out;
 }
@@ -982,11 +983,8 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.splits = c.gu.splits;
     j.ncols = c.gu.tc ? 8 * c.gu_nt : c.n;
     j.dst_off = c.in_off;
-    // (EXPERIMENT: an exact-mode down operand is encoded from h's written entries only)
-    if (c.dn_op_off == kNone || std::getenv("STRATA_CUDA_EXP_KEEP_ZERO") != nullptr) {
-      j.zero_off = c.h_off;
-      j.zero_bytes = static_cast<int64_t>(c.h_bytes);
-    }
+    j.zero_off = c.h_off;
+    j.zero_bytes = static_cast<int64_t>(c.h_bytes);
     p.jobs.push_back(j);
   }
   p.n_jobs_first = p.jobs.size();

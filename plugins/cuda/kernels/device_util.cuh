@@ -92,11 +92,13 @@ __device__ __forceinline__ void grid_dep_launch() {
 #endif
 }
 
-// Byte offset, from m.data, of byte `b` of row `row` (b: 16-byte aligned chunks stay contiguous; see DevMatrix).
-// q4_tile_byte: the same for a matrix known to be in kTiles.
+// Byte offset, from m.data, of byte `b` of row `row` (b: 8-byte aligned pieces stay contiguous; see DevMatrix).
+// q4_tile_byte: the same for a matrix known to be in kTiles (within a row's 64 bytes of a unit, the 8-byte piece
+// of group k and thread q at 16 q + 8 k).
 __device__ __forceinline__ int64_t q4_tile_byte(const DevMatrix& m, int row, int b) {
+  const int w = b & 63;
   return static_cast<int64_t>(row >> 4) * 16 * m.stride + ((row >> 3) & 1) * 512 + (row & 7) * 64 +
-         static_cast<int64_t>(b >> 6) * 1024 + (b & 63);
+         static_cast<int64_t>(b >> 6) * 1024 + ((w >> 3) & 3) * 16 + (w >> 5) * 8 + (w & 7);
 }
 __device__ __forceinline__ int64_t q4_row_byte(const DevMatrix& m, int row, int b) {
   if (m.layout == kTiles) return q4_tile_byte(m, row, b);

@@ -118,9 +118,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
   auto load = [&](int c, uint4 (&w)[NS], float (&sc)[NS]) {
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
-      const int64_t at =
-          tiles[s / R] ? static_cast<int64_t>(c >> 2) * 1024 + (c & 3) * 16 : static_cast<int64_t>(c) * 16;
-      w[s] = ld_stream_u4(wb[s / R] + woff[s / R][s % R] + at);
+      const uint8_t* row = wb[s / R] + woff[s / R][s % R];
+      if (tiles[s / R]) {  // (chunk c's two 8-byte pieces: bytes 16 (c % 4) .. of unit c / 4, q4_tile_byte)
+        const int j = c & 3;
+        const uint8_t* unit = row + static_cast<int64_t>(c >> 2) * 1024 + (j >> 1) * 8;
+        const uint2 lo = ld_stream_u2(unit + ((2 * j) & 3) * 16), hi = ld_stream_u2(unit + ((2 * j + 1) & 3) * 16);
+        w[s] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      } else {
+        w[s] = ld_stream_u4(row + static_cast<int64_t>(c) * 16);
+      }
       sc[s] = kGrouped ? __ldg(sb[s / R] + soff(s / R, s % R) + q4_scale_grp(tiles[s / R], c >> 1)) : 0.0f;
     }
   };

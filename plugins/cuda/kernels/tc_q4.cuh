@@ -195,6 +195,7 @@ struct WeightStream {
   int32_t w_d, s_d, s_b;
   int w_u;
   bool scales_x4;  // a batch's U scales per row as one 16-byte load
+  bool tiles;      // kTiles: a thread's bytes of a unit's two groups side by side (ld_unit_row)
 };
 template <int S, int NT>
 inline constexpr bool kTiedScales = S == kI8Splits && NT <= 2;
@@ -223,6 +224,7 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
     s0 = sp[0];
   }
   st.w_u = tiles ? 1024 : 64;
+  st.tiles = tiles;
   st.scales_x4 = tiles || (ws.n_groups_all & 3) == 0;
   s0 += q4_scale_grp(tiles, ws.g_first);  // (g_first: a multiple of 4)
   if (TIED) {
@@ -261,7 +263,13 @@ __device__ __forceinline__ void load_scales(float4 (&sv)[2], const WeightStream&
 }
 
 // Exact mode: a row's 16 bytes of a unit: its group-0 and group-1 words (the second absent in a last half unit).
-__device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two) {
+// tiles: one 16-byte load (kTiles: a thread's 8 bytes of each group side by side); rows in order: two 8-byte
+// loads 32 bytes apart.
+__device__ __forceinline__ uint4 ld_unit_row(const uint8_t* p, bool two, bool tiles) {
+  if (tiles) {
+    const uint4 v = ld_stream_u4(p);
+    return two ? v : make_uint4(v.x, v.y, 0u, 0u);
+  }
   const uint2 lo = ld_stream_u2(p), hi = two ? ld_stream_u2(p + 32) : make_uint2(0u, 0u);
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
@@ -276,8 +284,8 @@ template <bool kGrouped, bool TIED>
 __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
 #pragma unroll
   for (int u = 0; u < 2; ++u) {
-    wv[u][0] = ld_unit_row(st.w0 + st.w_u * u, true);
-    wv[u][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * u, true);
+    wv[u][0] = ld_unit_row(st.w0 + st.w_u * u, true, st.tiles);
+    wv[u][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * u, true, st.tiles);
   }
   load_scales<kGrouped, TIED>(sv, st, st.w0);
   skip_i8_batch<kGrouped, TIED>(st);
@@ -488,7 +496,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     const float* s_rem = scale_at<kTied>(st, st.w0);  // (the partial batch's: its groups adjacent)
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
-      const uint4 w[2] = {ld_unit_row(st.w0, two), ld_unit_row(st.w0 + st.w_d, two)};
+      const uint4 w[2] = {ld_unit_row(st.w0, two, st.tiles), ld_unit_row(st.w0 + st.w_d, two, st.tiles)};
       st.w0 += st.w_u;
       const int32_t s_d = st.s_d;
       const float sg[2] = {kGrouped ? __ldg(s_rem) : 0.0f, kGrouped && two ? __ldg(s_rem + 1) : 0.0f};
@@ -518,6 +526,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // Group u of a batch is at (u / 2) w_u + (u % 2) 32 (its unit, then its half).
     const uint8_t* w0 = st.w0;  // columns 16q .. 16q + 15
     const int w_u = st.w_u;
+    const int w_g = st.tiles ? 8 : 32;  // group 1's 8 bytes of a unit from group 0's (see q4_tile_byte)
     const int32_t w_d = st.w_d;
     const uint8_t* bnext = bp + (q * 16 + static_cast<int64_t>(g_first) * kColPad) * kElem;
     // One group's mma: rows g, g + 8 (w[0], w[1]), its scales, b(t, h) (the B values of n-tile t for k-steps
@@ -560,8 +569,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
-        wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
+        wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * w_g);
+        wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * w_g);
       }
       load_scales<kGrouped, kTied>(sv, st, w0);
       if (kGrouped) next_scales<kTied>(st);
@@ -609,7 +618,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     const float* s_rem = scale_at<kTied>(st, w0);  // (the partial batch's: its groups adjacent)
     for (int r = nb * U; r < n_mine; ++r) {
       const int j = r - nb * U;  // within the last, partial batch
-      const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * 32;
+      const uint8_t* wr = w0 + (j >> 1) * w_u + (j & 1) * w_g;
       const uint2 w[2] = {ld_stream_u2(wr), ld_stream_u2(wr + w_d)};
       const float sg = kGrouped ? __ldg(s_rem + j) : 0.0f, sh = kGrouped ? __ldg(s_rem + j + st.s_d) : 0.0f;
       load_b(bc);

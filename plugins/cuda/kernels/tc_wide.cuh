@@ -92,8 +92,8 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
   uint4 wv[2][2];
   float4 sv[2] = {};
   auto load_unit = [&](int uu) {  // unit uu of the batch at st.w0
-    wv[uu][0] = ld_unit_row(st.w0 + st.w_u * uu, true);
-    wv[uu][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * uu, true);
+    wv[uu][0] = ld_unit_row(st.w0 + st.w_u * uu, true, st.tiles);
+    wv[uu][1] = ld_unit_row(st.w0 + st.w_d + st.w_u * uu, true, st.tiles);
   };
   auto load_scales_next = [&] {  // the batch's scales; the stream moves past it
     load_scales<kGrouped, false>(sv, st, st.w0);
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
     const int64_t ntile_stride = static_cast<int64_t>(8) * kp;
     for (int r = nb * U; r < n_mine; r += 2) {
       const bool two = r + 1 < n_mine;  // warp-uniform
-      const uint4 w[2] = {ld_unit_row(st.w0, two), ld_unit_row(st.w0 + st.w_d, two)};
+      const uint4 w[2] = {ld_unit_row(st.w0, two, st.tiles), ld_unit_row(st.w0 + st.w_d, two, st.tiles)};
       st.w0 += st.w_u;
       const float sg[2] = {kGrouped ? __ldg(s_rem) : 0.0f, kGrouped && two ? __ldg(s_rem + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s_rem + st.s_d) : 0.0f, kGrouped && two ? __ldg(s_rem + st.s_d + 1) : 0.0f};

@@ -21,11 +21,13 @@ constexpr int kColPad = 64;
 //   kTiles (resident int4 matrices): tiles of 16 rows, each stored in the order the tensor-core kernels load it.
 //     stride is the row's byte count rounded up to 64 (a 128-column "unit"); rows are padded to a multiple of
 //     16 with zero bytes. Tile t (rows 16t ..) starts at data + 16 t stride and holds its units in order, 1 KB
-//     each: bytes 64 u .. 64 u + 63 of row 16t + 8h + g are at 1024 u + 512 h + 64 g. A warp of a tensor-core
-//     kernel then reads 512 contiguous bytes per load (lane 4g + q: row g or g + 8, unit bytes 16q ..); with
-//     rows in order it read 8 rows x 64 bytes per load, which measured 2.1 TB/s of pure reads on the H200 at
-//     16 warps per SM against 3.3 TB/s for this layout (bench_read). Any 16-byte aligned chunk of a row stays
-//     contiguous (q4_row_byte), so the gemv and SIMT kernels read both layouts.
+//     each: bytes 64 u .. 64 u + 63 of row 16t + 8h + g are at 1024 u + 512 h + 64 g, there the 8 bytes
+//     32 k + 8 q .. (group k of the unit, columns 16 q .. 16 q + 15 of the group) at 16 q + 8 k. A warp of a
+//     tensor-core kernel then reads 512 contiguous bytes per load (lane 4g + q: row g or g + 8, its 8 bytes of
+//     each group as 16 bytes at 16 q); with rows in order it read 8 rows x 64 bytes per load, which measured
+//     2.1 TB/s of pure reads on the H200 at 16 warps per SM against 3.3 TB/s for 512 contiguous bytes
+//     (bench_read). Any 8-byte aligned piece of a row stays contiguous (q4_row_byte), so the SIMT kernels read
+//     both layouts (the gemv kernels read a 16-byte chunk of a tile as its two pieces).
 // Q4_G64 scales (q4_scale_at): kRowMajor, rows in order, scales[o * (kp / 64) + g]; kTiles, in blocks of 16
 // rows x 4 groups, 256 bytes each, in the order a tensor-core warp reads them: group g of row 16t + r at
 // 64 (t ceil(n / 4) + g / 4) + 4 r + g % 4 (n = kp / 64; padding zero). A warp's scales of a load batch (4
