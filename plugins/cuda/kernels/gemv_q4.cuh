@@ -120,11 +120,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, gemv_min_blocks(T))
     for (int s = 0; s < NS; ++s) {
       const uint8_t* row = wb[s / R] + woff[s / R][s % R];
       if (tiles[s / R]) {
-        // Chunk c's two 8-byte pieces (bytes 16 (c % 4) .. of unit c / 4, q4_tile_byte), through L1: a piece
-        // shares its 32-byte sector with another lane's, which then hits there.
+        // Chunk c's two 8-byte pieces (bytes 16 (c % 4) .. of unit c / 4, q4_tile_byte). (Through L1 they were
+        // slower still: n = 32 of the projection shape +11 % against +2 % for these, run119-120.)
         const int j = c & 3;
         const uint8_t* unit = row + static_cast<int64_t>(c >> 2) * 1024 + (j >> 1) * 8;
-        const uint2 lo = ld_cached_u2(unit + ((2 * j) & 3) * 16), hi = ld_cached_u2(unit + ((2 * j + 1) & 3) * 16);
+        const uint2 lo = ld_stream_u2(unit + ((2 * j) & 3) * 16), hi = ld_stream_u2(unit + ((2 * j + 1) & 3) * 16);
         w[s] = make_uint4(lo.x, lo.y, hi.x, hi.y);
       } else {
         w[s] = ld_stream_u4(row + static_cast<int64_t>(c) * 16);
