@@ -567,13 +567,24 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
     };
     auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
-      // Through L1 (kTiles: a group's 8 bytes share their 32-byte sector with the unit's other group's, which
-      // then hits there; one 16-byte load per unit row instead spilled registers in the 1-2 n-tile instances and
-      // ran W4A16 12 % slower at n = 32, run120).
+      // kTiles: a unit row's two groups in one 16-byte load (q4_tile_byte). (It spills a few registers in the
+      // 1-2 n-tile instances; 8-byte loads through L1 instead were slower at most row counts, run120-121.)
+      if (st.tiles) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        wv[u][0] = ld_cached_u2(w0 + (u >> 1) * w_u + (u & 1) * w_g);
-        wv[u][1] = ld_cached_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * w_g);
+        for (int k = 0; k < U / 2; ++k) {
+#pragma unroll
+          for (int rr = 0; rr < 2; ++rr) {
+            const uint4 v = ld_stream_u4(w0 + rr * w_d + k * w_u);
+            wv[2 * k][rr] = make_uint2(v.x, v.y);
+            wv[2 * k + 1][rr] = make_uint2(v.z, v.w);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
+          wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
+        }
       }
       load_scales<kGrouped, kTied>(sv, st, w0);
       if (kGrouped) next_scales<kTied>(st);
