@@ -381,13 +381,10 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int g_b = NT == 1 ? imax(imin(g, it.n_tok * kColsPerTok - 1), 0) : g;
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g_b) * kp * kElem;
   const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
-  // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile); with
-  // one n-tile and one token, threads q = 2, 3 (columns of no token, never stored) read token 0's, as the B
-  // clamp above (one cache line per multiplier load instead of two).
+  // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
   auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
-  const int m_tok = NT == 1 ? imin(q >> 1, imax(it.n_tok - 1, 0)) : q >> 1;
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
-                    static_cast<int64_t>(m_tok) * n_groups_all;
+                    static_cast<int64_t>(q >> 1) * n_groups_all;
 
   float acc[NT][4];
 #pragma unroll
