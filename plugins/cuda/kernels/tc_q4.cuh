@@ -523,7 +523,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // the previous group's mma (when loaded just before use, ncu showed 52-58 % of cycles without an eligible
     // warp). Pointers advance per load; no bounds checks inside a batch.
     // Row g + 8 is at most 8 rows past row g: one pointer per stream and 32-bit distances save registers.
-    // Group u of a batch is at (u / 2) w_u + (u % 2) 32 (its unit, then its half).
+    // Group u of a batch is at (u / 2) w_u + (u % 2) w_g (its unit, then its half: 32 bytes on in rows, 8 in
+    // kTiles, q4_tile_byte).
     const uint8_t* w0 = st.w0;  // columns 16q .. 16q + 15
     const int w_u = st.w_u;
     const int w_g = st.tiles ? 8 : 32;  // group 1's 8 bytes of a unit from group 0's (see q4_tile_byte)
@@ -567,23 +568,16 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       }
     };
     auto load_w = [&](uint2 (&wv)[U][2], float4 (&sv)[2]) {  // the next batch's weights and scales
-      // kTiles: a unit row's two groups in one 16-byte load (q4_tile_byte). (It spills a few registers in the
-      // 1-2 n-tile instances; 8-byte loads through L1 instead were slower at most row counts, run120-121.)
-      if (st.tiles) {
+      // A unit row's two groups as exact mode loads them (ld_unit_row: one 16-byte load in kTiles). (It spills a
+      // few registers in the 1-2 n-tile instances; 8-byte loads through L1 were slower at most row counts,
+      // run120-121.)
 #pragma unroll
-        for (int k = 0; k < U / 2; ++k) {
+      for (int k = 0; k < U / 2; ++k) {
 #pragma unroll
-          for (int rr = 0; rr < 2; ++rr) {
-            const uint4 v = ld_stream_u4(w0 + rr * w_d + k * w_u);
-            wv[2 * k][rr] = make_uint2(v.x, v.y);
-            wv[2 * k + 1][rr] = make_uint2(v.z, v.w);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          wv[u][0] = ld_stream_u2(w0 + (u >> 1) * w_u + (u & 1) * 32);
-          wv[u][1] = ld_stream_u2(w0 + w_d + (u >> 1) * w_u + (u & 1) * 32);
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint4 v = ld_unit_row(w0 + rr * w_d + k * w_u, true, st.tiles);
+          wv[2 * k][rr] = make_uint2(v.x, v.y);
+          wv[2 * k + 1][rr] = make_uint2(v.z, v.w);
         }
       }
       load_scales<kGrouped, kTied>(sv, st, w0);
