@@ -24,13 +24,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "cuda_backend.hpp"
+#include "strata/safetensors.hpp"  // write_file_atomic
 #include "kernels/work.hpp"  // launch_hold
 #include "sm_reserve.hpp"
 
@@ -249,6 +253,37 @@ TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_ti
   return r;
 }
 
+// One launch's tile records as CSV lines (times in ns from its first tile's start; the preparation's stamps,
+// when present, on every line: negative before that start). kind: "gu" for tickets below n_gu_tiles.
+void append_timeline_csv(std::string& csv, const std::vector<uint64_t>& rec, int rows, int pass, int layer,
+                         int n_gu_tiles) {
+  namespace S = strata_cuda;
+  const size_t n = rec.size() / S::kTimelineWords;
+  auto at = [&](size_t t, int k) { return rec[t * S::kTimelineWords + static_cast<size_t>(k)]; };
+  uint64_t t0 = UINT64_MAX;
+  for (size_t t = 0; t < n; ++t) {
+    if (at(t, S::kTimelineBegin) != 0) t0 = std::min(t0, at(t, S::kTimelineBegin));
+  }
+  if (t0 == UINT64_MAX) return;
+  auto rel = [&](uint64_t v) { return v == 0 ? int64_t{0} : static_cast<int64_t>(v) - static_cast<int64_t>(t0); };
+  int64_t prep_first = 0, prep_last = 0;
+  if (rec.size() % S::kTimelineWords == S::kPrepStampWords) {
+    const uint64_t* st = rec.data() + n * S::kTimelineWords;
+    if (st[S::kPrepStampFirst] != 0 && st[S::kPrepStampLast] != 0) {
+      prep_first = rel(~st[S::kPrepStampFirst]);
+      prep_last = rel(st[S::kPrepStampLast]);
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    if (at(t, S::kTimelineBegin) == 0) continue;
+    const uint64_t who = at(t, S::kTimelineWho);
+    csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", rows, pass, layer, t,
+                       static_cast<int>(t) < n_gu_tiles ? "gu" : "dn", who >> 32, who & 0xffffffffu,
+                       rel(at(t, S::kTimelineBegin)), rel(at(t, S::kTimelineInputs)),
+                       rel(at(t, S::kTimelineStored)), rel(at(t, S::kTimelineEnd)), prep_first, prep_last);
+  }
+}
+
 // The card's datasheet memory bandwidth in GB/s, by its name (the percentages below are of it); the H200's
 // 4.8 TB/s, the reference, for a card not in the list (said so).
 struct Peak {
@@ -323,6 +358,11 @@ int main(int argc, char** argv) {
       "--timeline", timeline,
       "only the GLM-5.2 layer at 1-4 rows with the layer kernel's tile timeline (where a launch's time "
       "goes)");
+  std::string timeline_csv;
+  app.add_option("--timeline-csv", timeline_csv,
+                 "with --timeline: every timed launch's tile records into this CSV file (rows, pass, layer, "
+                 "ticket, kind, sm, block, begin/inputs/stored/end ns from the launch's first tile start, the "
+                 "preparation's first start and last end); tools/timeline_report.py reads it");
   int layer_experts = 8;
   int reserve_sms = 0;
   app.add_option("--reserve-sms", reserve_sms,
@@ -338,6 +378,10 @@ int main(int argc, char** argv) {
     fmt::print(
         "bench_cuda: --reserve-sms does not go with --timeline (its buffer's cudaFree waits for the "
         "whole device, the reserved SMs too)\n");
+    return 2;
+  }
+  if (!timeline_csv.empty() && !timeline) {
+    fmt::print("bench_cuda: --timeline-csv goes with --timeline\n");
     return 2;
   }
   if (reserve_sms > 0) strata_bench::SmReserve::eager_modules();
@@ -406,6 +450,8 @@ int main(int argc, char** argv) {
         fmt::print("{:>4} {:>6} {:>7} {:>7} {:>13} {:>7} {:>7} {:>7} {:>11} {:>7} {:>6} {:>13} {:>7}\n", "rows",
                    "pass", "queued", "span", "inputs 1st/wv", "out", "full", "tile gu", "tile dn", "dn wait",
                    "peak", "prep from/to", "device");
+        std::string csv =
+            "rows,pass,layer,ticket,kind,sm,block,begin_ns,inputs_ns,stored_ns,end_ns,prep_first_ns,prep_last_ns\n";
         for (int rows : {1, 2, 3, 4}) {
           std::vector<float> x(static_cast<size_t>(rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -429,6 +475,8 @@ int main(int argc, char** argv) {
               // (gate/up tiles: 16 rows of F each, per expert)
               const TimelineSummary sm =
                   summarize_timeline(rec, layer_experts * static_cast<int>((F + 15) / 16));
+              if (!timeline_csv.empty())
+                append_timeline_csv(csv, rec, rows, pass, l, layer_experts * static_cast<int>((F + 15) / 16));
               queued.push_back(t.at(0) * 1e3);
               span.push_back(sm.span);
               full.push_back(sm.full_until);
@@ -459,6 +507,10 @@ int main(int argc, char** argv) {
             prof += fmt::format("{}{}", k ? " " : "", v);
           }
           fmt::print("{:>4} in flight per {} us (the last launch): {}\n", rows, step, prof);
+        }
+        if (!timeline_csv.empty()) {
+          strata::write_file_atomic(timeline_csv, std::as_bytes(std::span<const char>(csv.data(), csv.size())));
+          fmt::print("tile records: {} ({:.1f} MB)\n", timeline_csv, static_cast<double>(csv.size()) / 1e6);
         }
         continue;
       }

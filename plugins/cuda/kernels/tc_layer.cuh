@@ -54,6 +54,7 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
   rec[kTimelineWho] = static_cast<uint64_t>(sm_id()) << 32 | blockIdx.x;
   rec[kTimelineBegin] = times[kTimelineBegin];
   rec[kTimelineInputs] = times[kTimelineInputs];
+  rec[kTimelineStored] = times[kTimelineStored];
   rec[kTimelineEnd] = global_ns();
 }
 
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
             mark(kTimelineInputs);
           },
           carry);
+      mark(kTimelineStored);
       __threadfence();  // this thread's h, before the count
       __syncthreads();
       if (threadIdx.x == 0) {
@@ -167,6 +169,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
             mark(kTimelineInputs);
           },
           carry);
+      mark(kTimelineStored);
     }
     if (lw.timeline != nullptr && threadIdx.x == 0) write_timeline(lw, t, s_times);
     t = carry.next_all;

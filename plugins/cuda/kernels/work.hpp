@@ -116,9 +116,9 @@ struct LayerWork {
 };
 // A ticket's timeline record: the SM and block that ran it (sm << 32 | block), then, in the device's ns
 // clock (global_ns), when the block took it, when its inputs were there (the previous launch waited for;
-// a down tile: its expert's h encoded too; 0 for a tile past its item's rows) and when it ended (a gate/up
-// tile: after its count and any encoding).
-enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineEnd, kTimelineWords };
+// a down tile: its expert's h encoded too; 0 for a tile past its item's rows), when its outputs were stored
+// (before a gate/up tile's count) and when it ended (a gate/up tile: after its count and any encoding).
+enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineStored, kTimelineEnd, kTimelineWords };
 // After the tickets' records, the first preparation launch's (prep_operands.cu, its `stamps`): its earliest block
 // start, stored bitwise negated (so that an atomicMax over the blocks keeps the earliest), and its latest block
 // end, in the same clock.
