@@ -99,11 +99,14 @@ struct Settings {
   // The layer kernel as a persistent launch: as many blocks as the device holds at once, each taking tiles
   // until none is left (so a block's slot never waits on a block launch, a ticket, a work item or its first
   // loads): the next tile's ticket taken as the current tile's last two load batches begin and its first
-  // weights loaded before the current tile's epilogue. Same results bit for bit. -1 (auto, the default): on
-  // at 2 n-tiles, off at 1 (H200, run52/54: with the lean instances 3-4 rows 73.6-74.2 us queued against
-  // 74.2-75.0 a block per tile; at 1-2 rows ~1 us slower). STRATA_CUDA_LAYER_PERSISTENT=0 or 1 (at every
-  // n-tile count), auto. (A streaming form, the next ticket taken as a tile starts, measured ~11 us slower
-  // at every row count, run52, and is gone.)
+  // weights loaded before the current tile's epilogue. Same results bit for bit. -1 (auto, the default): on at
+  // 2 n-tiles, and at 1 for a launch of at least two tiles per block the device holds at once (4 per SM). H100,
+  // run127-129, with a gate/up tile's count by one fence per block: a GLM-5.2 layer (1792 tiles, 3.4 per block)
+  // at 1 row 64.1-64.4 us queued against 65.0-65.5 a block per tile, 3-4 rows 69.5-70.1 against 70.4-71.1; the
+  // projection shape at n = 1 (640 tiles, 1.2 per block) 18.6-19.1 us event-timed against 17.7-18.5. (With a
+  // fence in every thread the persistent kernel was ~1 us slower than a block per tile at 1-2 rows: run52/54 on
+  // the H200, run127.) STRATA_CUDA_LAYER_PERSISTENT=0 or 1 (at every n-tile count and size), auto. (A streaming
+  // form, the next ticket taken as a tile starts, measured ~11 us slower at every row count, run52, and is gone.)
   int layer_persistent = -1;
   // The layer kernel with one block more per SM: each unit's B values loaded just before its k-steps instead
   // of one unit ahead (1-2 rows per expert: 5 blocks in 96 registers instead of 4 in 128; 3-4 rows: 4 in 128
@@ -142,9 +145,11 @@ class CudaBackend {
   bool layer_lean_for(int nt) const {
     return settings_.layer_lean > 0 || (settings_.layer_lean < 0 && nt == 2);
   }
-  // The layer kernel's persistent mode at nt n-tiles (Settings::layer_persistent).
-  int layer_persistent_for(int nt) const {
-    return settings_.layer_persistent >= 0 ? settings_.layer_persistent : nt == 2 ? 1 : 0;
+  // The layer kernel's persistent mode for a launch of `tiles` tiles at nt n-tiles (Settings::layer_persistent).
+  int layer_persistent_for(int nt, int64_t tiles) const {
+    if (settings_.layer_persistent >= 0) return settings_.layer_persistent;
+    const int sms = settings_.layer_sms > 0 && settings_.layer_sms < sm_count_ ? settings_.layer_sms : sm_count_;
+    return nt == 2 || tiles >= 2 * 4 * static_cast<int64_t>(sms) ? 1 : 0;
   }
   static bool supports(int32_t dtype) { return dtype >= kF32 && dtype <= kQ4G64; }
 
@@ -199,6 +204,7 @@ class CudaBackend {
 
   int device_;
   int sm_major_ = 9;  // the device's compute capability major (8: no programmatic dependent launches)
+  int sm_count_ = 0;  // its SMs
   Settings settings_;
   std::atomic<int> fail_next_{0};
   std::atomic<bool> graphs_failed_{false};  // a capture or instantiation failed once: launch directly

@@ -318,6 +318,11 @@ struct Plan {
   uint64_t sync_off = 0, sync_bytes = 0;
 };
 
+// A layer-kernel plan's tiles: its gate/up items' tiles and their down tiles.
+static int64_t layer_tiles(const Plan& p) {
+  return static_cast<int64_t>(p.launches[0].n_items) * (p.launches[0].grid_x + p.launches[1].grid_x);
+}
+
 // plan_group's working lists (a slot keeps them: Slot::scratch).
 struct PlanScratch {
   std::vector<Chunk> chunks;
@@ -472,6 +477,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                               "; this plugin needs sm_80 or newer");
   }
   sm_major_ = major;
+  STRATA_CK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   STRATA_CK(cudaSetDevice(device), "cudaSetDevice");
   STRATA_CK(cudaFree(nullptr), "context creation");
   constexpr long kRowsMax = (1L << 30) - 1;
@@ -1215,7 +1221,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.n_jobs_first);
   put(p.first_down_launch);
   put(p.layer);
-  put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt) : 0));  // (its grid, mode)
+  put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt, layer_tiles(p)) : 0));  // (grid, mode)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
@@ -1317,7 +1323,7 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.n_items = gu.n_items;
     lw.gu_tiles = gu.grid_x;
     lw.dn_tiles = dn.grid_x;
-    lw.persistent = layer_persistent_for(gu.nt);
+    lw.persistent = layer_persistent_for(gu.nt, layer_tiles(p));
     lw.max_sms = settings_.layer_sms;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;

@@ -325,8 +325,8 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// A flag between blocks of one launch, read with ld.acquire at GPU scope (the writer: __threadfence, then an
-// atomic; the emulation runs one block at a time: a plain read). sleep_ns: a pause in a wait loop (the
+// A flag between blocks of one launch, read with ld.acquire at GPU scope (the writer: a release, e.g.
+// red_add_release_gpu; the emulation runs one block at a time: a plain read). sleep_ns: a pause in a wait loop (the
 // emulation: another block's turn).
 __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
 #if defined(STRATA_CUDA_EMULATE)
@@ -335,6 +335,41 @@ __device__ __forceinline__ int32_t ld_acquire_gpu(const int32_t* p) {
   int32_t v;
   asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+#endif
+}
+// The same flag polled without acquiring (ld.relaxed: sm_90 compiles ld.acquire into the load and an
+// invalidation of the SM's whole L1, CCTL.IVALL, which every other block on the SM then pays in reloaded B
+// operands); a poll loop ends with one ld_acquire_gpu.
+__device__ __forceinline__ int32_t ld_relaxed_gpu(const int32_t* p) {
+#if defined(STRATA_CUDA_EMULATE)
+  return *p;
+#else
+  int32_t v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+// A count at GPU scope by one thread after a barrier of its block: atom_add_acq_rel_gpu releases the block's
+// earlier writes (cumulative through the barrier, as a cooperative grid sync's fence is) and acquires the other
+// counters' (the old value returned); red_add_release_gpu only releases (no result awaited, no L1 invalidation).
+// sm_90: a MEMBAR.ALL.GPU before the atomic, where __threadfence() in every thread is a MEMBAR.SC.GPU and a
+// CCTL.IVALL per warp.
+__device__ __forceinline__ int32_t atom_add_acq_rel_gpu(int32_t* p, int32_t v) {
+#if defined(STRATA_CUDA_EMULATE)
+  const int32_t old = *p;
+  *p = old + v;
+  return old;
+#else
+  int32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+#endif
+}
+__device__ __forceinline__ void red_add_release_gpu(int32_t* p, int32_t v) {
+#if defined(STRATA_CUDA_EMULATE)
+  *p += v;
+#else
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 #endif
 }
 __device__ __forceinline__ void sleep_ns(unsigned ns) {

@@ -136,10 +136,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
           },
           carry);
       mark(kTimelineStored);
-      __threadfence();  // this thread's h, before the count
+      // The block's h released by thread 0's count after the barrier (and the group's other tiles' h acquired
+      // by it, for the encoding below): one fence per block, where __threadfence() in every thread cost ~1.5
+      // us at 1-4 rows in the persistent kernel (each waited for its warp's loads of the next tile; sm_90 also
+      // invalidates the SM's L1 per warp; run127).
       __syncthreads();
       if (threadIdx.x == 0) {
-        s_last = atomicAdd(tiles_done + i * n_grp + grp, 1) == imin(4, lw.gu_tiles - 4 * grp) - 1;
+        s_last = atom_add_acq_rel_gpu(tiles_done + i * n_grp + grp, 1) == imin(4, lw.gu_tiles - 4 * grp) - 1;
       }
       __syncthreads();
       const PrepJob& job = lw.dn_jobs[i];
@@ -147,13 +150,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
       // encode; h's padding columns within the last group encode as zeros without being read: job.cols).
       if (s_last && grp < job.kp / kColPad) {
         grid_dep_wait();  // (a tile past the item's rows did not wait in the tile)
-        __threadfence();  // the group's other tiles' h, counted before this block's
         for (int r = static_cast<int>(threadIdx.x >> 5); r < job.ncols / kI8Planes; r += kTcWarps) {
           encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
         }
-        __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(groups_ready + i, 1);
+        if (threadIdx.x == 0) red_add_release_gpu(groups_ready + i, 1);
       }
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
@@ -162,8 +163,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
-            if (threadIdx.x == 0) {
-              while (ld_acquire_gpu(groups_ready + i) < need) sleep_ns(64);
+            // (a wait polls without acquiring, each acquire invalidating the SM's L1, and acquires once)
+            if (threadIdx.x == 0 && ld_acquire_gpu(groups_ready + i) < need) {
+              while (ld_relaxed_gpu(groups_ready + i) < need) sleep_ns(64);
+              (void)ld_acquire_gpu(groups_ready + i);
             }
             __syncthreads();
             mark(kTimelineInputs);
