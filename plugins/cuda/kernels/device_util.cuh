@@ -349,19 +349,19 @@ __device__ __forceinline__ int32_t ld_relaxed_gpu(const int32_t* p) {
   return v;
 #endif
 }
-// A count at GPU scope by one thread after a barrier of its block: atom_add_acq_rel_gpu releases the block's
-// earlier writes (cumulative through the barrier, as a cooperative grid sync's fence is) and acquires the other
-// counters' (the old value returned); red_add_release_gpu only releases (no result awaited, no L1 invalidation).
-// sm_90: a MEMBAR.ALL.GPU before the atomic, where __threadfence() in every thread is a MEMBAR.SC.GPU and a
-// CCTL.IVALL per warp.
-__device__ __forceinline__ int32_t atom_add_acq_rel_gpu(int32_t* p, int32_t v) {
+// A count at GPU scope by one thread after a barrier of its block: atom_add_release_gpu releases the block's
+// earlier writes (cumulative through the barrier, as a cooperative grid sync's fence is) and returns the old value;
+// red_add_release_gpu only releases (no result awaited). sm_90: a MEMBAR.ALL.GPU before the atomic, where
+// __threadfence() in every thread is a MEMBAR.SC.GPU and a CCTL.IVALL (the SM's L1 invalidated) per warp; an
+// acquire (ld_acquire_gpu, atom.acq_rel) adds a CCTL.IVALL.
+__device__ __forceinline__ int32_t atom_add_release_gpu(int32_t* p, int32_t v) {
 #if defined(STRATA_CUDA_EMULATE)
   const int32_t old = *p;
   *p = old + v;
   return old;
 #else
   int32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 #endif
 }
