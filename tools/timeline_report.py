@@ -25,8 +25,8 @@ def median(v):
     return statistics.median(v) if v else 0.0
 
 
-def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us):
-    """tiles: the records of one launch. Returns a dict of figures (us, MB)."""
+def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us, gu_per_item):
+    """tiles: the records of one launch (gu_per_item gate/up tiles per expert). Returns a dict of figures (us, MB)."""
     r = {}
     t_end = max(t["end"] for t in tiles)
     t_out = max(t["begin"] for t in tiles)
@@ -60,8 +60,8 @@ def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us):
     # Down tiles: their wait (begin -> inputs), split by whether their item's gate/up tiles had all ended.
     gu_end = defaultdict(int)
     n_gu = sum(1 for t in tiles if t["kind"] == "gu")
-    items = max(1, r_items(tiles))
-    per_item = n_gu // items
+    per_item = gu_per_item
+    items = max(1, n_gu // per_item)
     for t in tiles:
         if t["kind"] == "gu":
             gu_end[t["ticket"] // per_item] = max(gu_end[t["ticket"] // per_item], t["end"])
@@ -92,10 +92,8 @@ def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us):
     # The tail: tiles ending after the last ticket was taken.
     tail = [t for t in tiles if t["end"] > t_out]
     r["tail_n"] = len(tail)
-    r["tail_last_dur"] = 0.0
     last = max(tiles, key=lambda t: t["end"])
     r["tail_last_dur"] = (last["end"] - last["begin"]) / 1e3
-    r["tail_last_kind"] = last["kind"]
     # Gaps in a block's stream: from a tile's end to the same block's next tile's begin.
     by_block = defaultdict(list)
     for t in tiles:
@@ -109,14 +107,7 @@ def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us):
     return r
 
 
-def r_items(tiles):
-    # items: gate/up tiles per item are the gate/up count over the items; the bench's shape has 128 per item
-    n_gu = sum(1 for t in tiles if t["kind"] == "gu")
-    return n_gu // ARGS.gu_tiles_per_item if ARGS.gu_tiles_per_item else 1
-
-
 def main():
-    global ARGS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--peak-gbs", type=float, default=3350.0, help="the card's peak (H100 SXM 3350, H200 4800)")
@@ -126,9 +117,9 @@ def main():
     ap.add_argument("--full", type=float, default=0.85, help="the read rate counted as full, of the peak")
     ap.add_argument("--bin-us", type=float, default=1.0)
     ap.add_argument("--profile", action="store_true", help="print each rows count's median rate profile")
-    ARGS = ap.parse_args()
+    args = ap.parse_args()
     launches = defaultdict(list)
-    with open(ARGS.csv) as f:
+    with open(args.csv) as f:
         for row in csv.DictReader(f):
             t = {
                 "ticket": int(row["ticket"]),
@@ -143,29 +134,30 @@ def main():
             }
             launches[(int(row["rows"]), int(row["pass"]), int(row["layer"]))].append(t)
     if not launches:
-        sys.exit("timeline_report: no tile records in " + ARGS.csv)
+        sys.exit("timeline_report: no tile records in " + args.csv)
     by_rows = defaultdict(list)
     for (rows, _, _), tiles in sorted(launches.items()):
-        by_rows[rows].append(analyse(tiles, ARGS.gu_bytes, ARGS.dn_bytes, ARGS.peak_gbs, ARGS.full, ARGS.bin_us))
+        by_rows[rows].append(
+            analyse(tiles, args.gu_bytes, args.dn_bytes, args.peak_gbs, args.full, args.bin_us, args.gu_tiles_per_item))
     keys = [
         ("device", "device us"), ("span", "tiles' span"), ("prep_lead", "prep lead"),
         ("inputs_first", "1st inputs"), ("out", "tickets out"), ("tail_last_dur", "last tile"),
-        ("tail_n", "tail tiles"), ("at_full_us", f"at {ARGS.full:.0%} us"), ("below_us", "us below"),
+        ("tail_n", "tail tiles"), ("at_full_us", f"at {args.full:.0%} us"), ("below_us", "us below"),
         ("tile_gu", "tile gu"), ("tile_dn", "tile dn"), ("gu_count", "gu count"),
         ("gu_count_last", "count, max/4"), ("dn_dep_n", "dn dep n"), ("dn_dep_med", "dep wait"),
         ("dn_check_n", "dn check n"), ("dn_check_med", "check wait"), ("gap_med", "gap med"),
         ("gap_max", "gap max"), ("blocks", "blocks"),
     ]
-    print(f"{len(launches)} launches; medians per rows count (us unless said; peak {ARGS.peak_gbs:.0f} GB/s)")
+    print(f"{len(launches)} launches; medians per rows count (us unless said; peak {args.peak_gbs:.0f} GB/s)")
     print(f"{'':>14}" + "".join(f"{rows:>10}" for rows in sorted(by_rows)))
     for k, name in keys:
         print(f"{name:>14}" + "".join(f"{median([r[k] for r in by_rows[rows]]):>10.2f}" for rows in sorted(by_rows)))
-    if ARGS.profile:
+    if args.profile:
         for rows in sorted(by_rows):
             rs = by_rows[rows]
             n = min(len(r["rate"]) for r in rs)
             prof = [median([r["rate"][k] for r in rs]) for k in range(n)]
-            print(f"rows {rows}: read rate per {ARGS.bin_us:g} us, % of peak: " + " ".join(f"{100 * v:.0f}" for v in prof))
+            print(f"rows {rows}: read rate per {args.bin_us:g} us, % of peak: " + " ".join(f"{100 * v:.0f}" for v in prof))
 
 
 if __name__ == "__main__":

@@ -149,6 +149,7 @@ class CudaBackend {
   int layer_persistent_for(int nt, int64_t tiles) const {
     if (settings_.layer_persistent >= 0) return settings_.layer_persistent;
     const int sms = settings_.layer_sms > 0 && settings_.layer_sms < sm_count_ ? settings_.layer_sms : sm_count_;
+    // (4: the 1-n-tile instance's blocks per SM, tc_min_blocks in kernels/tc_q4.cuh)
     return nt == 2 || tiles >= 2 * 4 * static_cast<int64_t>(sms) ? 1 : 0;
   }
   static bool supports(int32_t dtype) { return dtype >= kF32 && dtype <= kQ4G64; }
