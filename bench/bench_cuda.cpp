@@ -24,10 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <set>
@@ -199,32 +196,56 @@ struct TimelineSummary {
   std::vector<int> busy;            // tiles in flight per us
 };
 
+// A launch's records (time_expert_group's timeline): how many tickets, the first tile's start t0 (UINT64_MAX:
+// none ran) and, when the first preparation launch stamped them, its earliest block start and latest block
+// end in ns from t0 (negative: before it).
+struct TimelineFrame {
+  size_t n = 0;
+  uint64_t t0 = UINT64_MAX;
+  bool prep = false;
+  int64_t prep_first = 0, prep_last = 0;
+  uint64_t at(const std::vector<uint64_t>& rec, size_t t, int k) const {
+    return rec[t * strata_cuda::kTimelineWords + static_cast<size_t>(k)];
+  }
+};
+TimelineFrame timeline_frame(const std::vector<uint64_t>& rec) {
+  namespace S = strata_cuda;
+  TimelineFrame f;
+  f.n = rec.size() / S::kTimelineWords;
+  for (size_t t = 0; t < f.n; ++t) {
+    if (f.at(rec, t, S::kTimelineBegin) != 0) f.t0 = std::min(f.t0, f.at(rec, t, S::kTimelineBegin));
+  }
+  if (f.t0 == UINT64_MAX || rec.size() % S::kTimelineWords != S::kPrepStampWords) return f;
+  const uint64_t* st = rec.data() + f.n * S::kTimelineWords;
+  if (st[S::kPrepStampFirst] != 0 && st[S::kPrepStampLast] != 0) {
+    f.prep = true;
+    f.prep_first = static_cast<int64_t>(~st[S::kPrepStampFirst]) - static_cast<int64_t>(f.t0);
+    f.prep_last = static_cast<int64_t>(st[S::kPrepStampLast]) - static_cast<int64_t>(f.t0);
+  }
+  return f;
+}
+
 TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_tiles) {
   namespace S = strata_cuda;
   TimelineSummary r;
-  const size_t n = rec.size() / S::kTimelineWords;
-  if (n == 0) return r;
-  const bool stamped = rec.size() % S::kTimelineWords == S::kPrepStampWords;
-  auto at = [&](size_t t, int k) { return rec[t * S::kTimelineWords + static_cast<size_t>(k)]; };
-  uint64_t t0 = UINT64_MAX, t_end = 0, t_out = 0;
+  const TimelineFrame f = timeline_frame(rec);
+  if (f.t0 == UINT64_MAX) return r;
+  const size_t n = f.n;
+  const uint64_t t0 = f.t0;
+  auto at = [&](size_t t, int k) { return f.at(rec, t, k); };
+  uint64_t t_end = 0, t_out = 0;
   for (size_t t = 0; t < n; ++t) {
     if (at(t, S::kTimelineBegin) == 0) continue;  // (not run: none expected)
-    t0 = std::min(t0, at(t, S::kTimelineBegin));
     t_end = std::max(t_end, at(t, S::kTimelineEnd));
     t_out = std::max(t_out, at(t, S::kTimelineBegin));
   }
-  if (t0 == UINT64_MAX) return r;
   auto us = [&](uint64_t v) { return static_cast<double>(v - t0) * 1e-3; };
   r.span = us(t_end);
   r.out = us(t_out);
-  if (stamped) {
-    const uint64_t* st = rec.data() + n * S::kTimelineWords;
-    if (st[S::kPrepStampFirst] != 0 && st[S::kPrepStampLast] != 0) {
-      auto rel = [&](uint64_t v) { return (static_cast<double>(v) - static_cast<double>(t0)) * 1e-3; };
-      r.prep_start = rel(~st[S::kPrepStampFirst]);
-      r.prep_end = rel(st[S::kPrepStampLast]);
-      r.device = r.span - r.prep_start;
-    }
+  if (f.prep) {
+    r.prep_start = static_cast<double>(f.prep_first) * 1e-3;
+    r.prep_end = static_cast<double>(f.prep_last) * 1e-3;
+    r.device = r.span - r.prep_start;
   }
   std::vector<double> first_inputs, gu, dn;
   r.inputs_first = r.span;
@@ -258,29 +279,17 @@ TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_ti
 void append_timeline_csv(std::string& csv, const std::vector<uint64_t>& rec, int rows, int pass, int layer,
                          int n_gu_tiles) {
   namespace S = strata_cuda;
-  const size_t n = rec.size() / S::kTimelineWords;
-  auto at = [&](size_t t, int k) { return rec[t * S::kTimelineWords + static_cast<size_t>(k)]; };
-  uint64_t t0 = UINT64_MAX;
-  for (size_t t = 0; t < n; ++t) {
-    if (at(t, S::kTimelineBegin) != 0) t0 = std::min(t0, at(t, S::kTimelineBegin));
-  }
-  if (t0 == UINT64_MAX) return;
-  auto rel = [&](uint64_t v) { return v == 0 ? int64_t{0} : static_cast<int64_t>(v) - static_cast<int64_t>(t0); };
-  int64_t prep_first = 0, prep_last = 0;
-  if (rec.size() % S::kTimelineWords == S::kPrepStampWords) {
-    const uint64_t* st = rec.data() + n * S::kTimelineWords;
-    if (st[S::kPrepStampFirst] != 0 && st[S::kPrepStampLast] != 0) {
-      prep_first = rel(~st[S::kPrepStampFirst]);
-      prep_last = rel(st[S::kPrepStampLast]);
-    }
-  }
-  for (size_t t = 0; t < n; ++t) {
+  const TimelineFrame f = timeline_frame(rec);
+  if (f.t0 == UINT64_MAX) return;
+  auto at = [&](size_t t, int k) { return f.at(rec, t, k); };
+  auto rel = [&](uint64_t v) { return v == 0 ? int64_t{0} : static_cast<int64_t>(v) - static_cast<int64_t>(f.t0); };
+  for (size_t t = 0; t < f.n; ++t) {
     if (at(t, S::kTimelineBegin) == 0) continue;
     const uint64_t who = at(t, S::kTimelineWho);
     csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", rows, pass, layer, t,
                        static_cast<int>(t) < n_gu_tiles ? "gu" : "dn", who >> 32, who & 0xffffffffu,
                        rel(at(t, S::kTimelineBegin)), rel(at(t, S::kTimelineInputs)),
-                       rel(at(t, S::kTimelineStored)), rel(at(t, S::kTimelineEnd)), prep_first, prep_last);
+                       rel(at(t, S::kTimelineStored)), rel(at(t, S::kTimelineEnd)), f.prep_first, f.prep_last);
   }
 }
 
@@ -472,11 +481,9 @@ int main(int argc, char** argv) {
               const auto t = b.time_expert_group(x.data(), rows, H, static_cast<int32_t>(g.tasks.size()),
                                                  g.tasks.data(), 1, 100, &rec);
               if (pass == 0) continue;
-              // (gate/up tiles: 16 rows of F each, per expert)
-              const TimelineSummary sm =
-                  summarize_timeline(rec, layer_experts * static_cast<int>((F + 15) / 16));
-              if (!timeline_csv.empty())
-                append_timeline_csv(csv, rec, rows, pass, l, layer_experts * static_cast<int>((F + 15) / 16));
+              const int n_gu_tiles = layer_experts * static_cast<int>((F + 15) / 16);  // (16 rows of F each)
+              const TimelineSummary sm = summarize_timeline(rec, n_gu_tiles);
+              if (!timeline_csv.empty()) append_timeline_csv(csv, rec, rows, pass, l, n_gu_tiles);
               queued.push_back(t.at(0) * 1e3);
               span.push_back(sm.span);
               full.push_back(sm.full_until);

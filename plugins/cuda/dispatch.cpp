@@ -1593,8 +1593,7 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     ensure_capacity(*s, p);
     if (timeline != nullptr) timeline->clear();
     if (timeline != nullptr && p.layer) {
-      const LaunchSpec &gu = p.launches[0], &dn = p.launches[1];
-      const int64_t n = static_cast<int64_t>(gu.n_items) * (gu.grid_x + dn.grid_x);
+      const int64_t n = layer_tiles(p);
       const size_t words = static_cast<size_t>(n) * kTimelineWords + kPrepStampWords;
       const size_t bytes = words * sizeof(uint64_t);
       STRATA_CK(cudaMalloc(&timeline_dev_, bytes), "cudaMalloc of the layer timeline");
