@@ -481,7 +481,8 @@ int main(int argc, char** argv) {
               const auto t = b.time_expert_group(x.data(), rows, H, static_cast<int32_t>(g.tasks.size()),
                                                  g.tasks.data(), 1, 100, &rec);
               if (pass == 0) continue;
-              const int n_gu_tiles = layer_experts * static_cast<int>((F + 15) / 16);  // (16 rows of F each)
+              const int rows_gu = 16 * b.settings().layer_mt_gu;  // (a gate/up tile: 16 or 32 rows of F)
+              const int n_gu_tiles = layer_experts * static_cast<int>((F + rows_gu - 1) / rows_gu);
               const TimelineSummary sm = summarize_timeline(rec, n_gu_tiles);
               if (!timeline_csv.empty()) append_timeline_csv(csv, rec, rows, pass, l, n_gu_tiles);
               queued.push_back(t.at(0) * 1e3);

@@ -115,6 +115,10 @@ struct Settings {
   // 280 for 32), and not at 1 (1 row 64.6-65.0 against 56.1-56.7). STRATA_CUDA_LAYER_LEAN=0: never, 1:
   // always.
   int layer_lean = -1;
+  // 16-row tiles per warp of the layer kernel's gate/up and down tiles: 2 has each warp compute two row tiles
+  // with every B value it loads (half the B loads and L1 fills per weight byte; gate/up tiles of 32 rows, down
+  // tiles of 128). Same results bit for bit. STRATA_CUDA_LAYER_WARP_ROWS=16 (1, 1), 32 (2, 2) or 32/16 (2, 1).
+  int layer_mt_gu = 1, layer_mt_dn = 1;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;

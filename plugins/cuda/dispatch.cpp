@@ -318,9 +318,10 @@ struct Plan {
   uint64_t sync_off = 0, sync_bytes = 0;
 };
 
-// A layer-kernel plan's tiles: its gate/up items' tiles and their down tiles.
-static int64_t layer_tiles(const Plan& p) {
-  return static_cast<int64_t>(p.launches[0].n_items) * (p.launches[0].grid_x + p.launches[1].grid_x);
+// A layer-kernel plan's tiles: its gate/up items' tiles and their down tiles, at mg and md 16-row tiles per warp.
+static int64_t layer_tiles(const Plan& p, int mg = 1, int md = 1) {
+  return static_cast<int64_t>(p.launches[0].n_items) *
+         ((p.launches[0].grid_x + mg - 1) / mg + (p.launches[1].grid_x + md - 1) / md);
 }
 
 // plan_group's working lists (a slot keeps them: Slot::scratch).
@@ -506,6 +507,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_WARP_ROWS")) {
+    settings_.layer_mt_gu = std::strcmp(v, "32") == 0 || std::strcmp(v, "32/16") == 0 ? 2 : 1;
+    settings_.layer_mt_dn = std::strcmp(v, "32") == 0 ? 2 : 1;
+  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -1222,6 +1227,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.first_down_launch);
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt, layer_tiles(p)) : 0));  // (grid, mode)
+  put(static_cast<uint64_t>(p.layer ? settings_.layer_mt_gu * 4 + settings_.layer_mt_dn : 0));  // (instance, tiles)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
@@ -1321,15 +1327,16 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.dn_jobs = reinterpret_cast<const PrepJob*>(s.dev + p.jobs_off) + p.n_jobs_first;
     lw.sync = reinterpret_cast<int32_t*>(s.dev + p.sync_off);
     lw.n_items = gu.n_items;
-    lw.gu_tiles = gu.grid_x;
-    lw.dn_tiles = dn.grid_x;
-    lw.persistent = layer_persistent_for(gu.nt, layer_tiles(p));
+    const int mg = settings_.layer_mt_gu, md = settings_.layer_mt_dn;
+    lw.gu_tiles = (gu.grid_x + mg - 1) / mg;
+    lw.dn_tiles = (dn.grid_x + md - 1) / md;
+    lw.persistent = layer_persistent_for(gu.nt, layer_tiles(p));  // (the work: in tiles of 16 rows per warp)
     lw.max_sms = settings_.layer_sms;
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);
-    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, lw, on)
-                                             : launch_layer_q4row_tc(gu.nt, lean, lw, on);
+    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, mg, md, lw, on)
+                                             : launch_layer_q4row_tc(gu.nt, lean, mg, md, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
                      std::to_string(gu.n_items) + " experts)");
     return;
@@ -1593,7 +1600,7 @@ std::vector<float> CudaBackend::time_expert_group(const float* x, int64_t n_x_ro
     ensure_capacity(*s, p);
     if (timeline != nullptr) timeline->clear();
     if (timeline != nullptr && p.layer) {
-      const int64_t n = layer_tiles(p);
+      const int64_t n = layer_tiles(p, settings_.layer_mt_gu, settings_.layer_mt_dn);
       const size_t words = static_cast<size_t>(n) * kTimelineWords + kPrepStampWords;
       const size_t bytes = words * sizeof(uint64_t);
       STRATA_CK(cudaMalloc(&timeline_dev_, bytes), "cudaMalloc of the layer timeline");

@@ -999,7 +999,7 @@ TEST_CASE(
     CAPTURE(rec->name);
     // A block per tile; persistent blocks taking tiles in turn (each loading its next tile's first weights
     // before its current tile's epilogue); the lean instances (B values loaded at use, one block more per SM)
-    // and the B-ahead ones, each alone and persistent.
+    // and the B-ahead ones, each alone and persistent; with two row tiles per warp.
     using Env = std::vector<std::pair<const char*, const char*>>;
     // (The default is lean at 2 n-tiles only; LEAN=0 runs the B-ahead instances at every n-tile count.)
     const Env modes[] = {{{"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
@@ -1010,7 +1010,17 @@ TEST_CASE(
                          {{"STRATA_CUDA_LAYER_LEAN", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          // (a persistent grid for 2 SMs: few blocks take every tile; on a GPU only, the
                          // emulation's grid is 3 blocks anyway)
-                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}}};
+                         {{"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_SMS", "2"}},
+                         // two 16-row tiles per warp (gate/up tiles of 32 rows, down tiles of 128; every
+                         // instance, alone and persistent), and in the gate/up tiles only
+                         {{"STRATA_CUDA_LAYER_WARP_ROWS", "32"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
+                         {{"STRATA_CUDA_LAYER_WARP_ROWS", "32"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
+                          {"STRATA_CUDA_LAYER_LEAN", "0"}},
+                         {{"STRATA_CUDA_LAYER_WARP_ROWS", "32"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
+                          {"STRATA_CUDA_LAYER_LEAN", "1"}},
+                         {{"STRATA_CUDA_LAYER_WARP_ROWS", "32/16"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
+                         {{"STRATA_CUDA_LAYER_WARP_ROWS", "32/16"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"},
+                          {"STRATA_CUDA_LAYER_LEAN", "0"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;

@@ -34,16 +34,16 @@ namespace strata_cuda {
 
 // The first two batches of the tile of ticket t into r (none past the last ticket or past its item's rows);
 // how many.
-template <int FMT>
+template <int FMT, int MG, int MD>
 __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return prime_i8_tile<FMT, true>(lw.items[i], t - i * lw.gu_tiles, r);
+    return prime_i8_tile<FMT, true, MG>(lw.items[i], t - i * lw.gu_tiles, r);
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
-  return prime_i8_tile<FMT, false>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
+  return prime_i8_tile<FMT, false, MD>(lw.items[lw.n_items + i], d - i * lw.dn_tiles, r);
 }
 
 // Ticket t's timeline record from the times noted in shared memory (thread 0, as the tile ends; out of line, so
@@ -63,7 +63,7 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-template <int FMT>
+template <int FMT, int MG, int MD>
 struct LayerCarry {
   static constexpr bool kOn = true;
   const LayerWork& lw;
@@ -72,7 +72,9 @@ struct LayerCarry {
   int* s_next;    // shared: the next ticket
   int next = -1;  // thread 0: the next ticket, once taken
   int next_all;   // every thread, after refill: the next ticket (past the last one: none)
+  float* stage_;  // shared: the epilogue's staging (tc_q4_tile's Stage), for tiles of both kinds
   __device__ __forceinline__ I8Regs& regs() { return r; }
+  __device__ __forceinline__ float* stage() { return stage_; }
   __device__ __forceinline__ int primed() const { return primed_; }
   __device__ __forceinline__ void near_end() {
     if (lw.persistent && threadIdx.x == 0 && next < 0) next = atomicAdd(lw.sync, 1);
@@ -84,7 +86,7 @@ struct LayerCarry {
   __device__ __forceinline__ void refill() {
     if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
     next_all = *s_next;
-    primed_ = prime_layer_tile<FMT>(lw, next_all, r);
+    primed_ = prime_layer_tile<FMT, MG, MD>(lw, next_all, r);
   }
   __device__ __forceinline__ void skip() {  // a tile past its item's rows (a narrower item than the widest)
     before_stage();  // (near_end was never reached)
@@ -99,15 +101,19 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-template <int FMT, int NT, bool LEAN = false>
+// MG, MD: 16-row tiles per warp (tc_q4_tile's MT) of the gate/up and the down tiles (2: a gate/up tile is 32
+// rows of h, a down tile 128 rows; lw's tile counts are of those).
+template <int FMT, int NT, bool LEAN = false, int MG = 1, int MD = 1>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
+  constexpr int kGroupTiles = 4 / MG;  // gate/up tiles per 64-row group of h
   grid_dep_launch();
   __shared__ int s_ticket, s_last;
+  __shared__ float s_stage[kTcWarps * 16 * (MG > MD ? MG : MD) * (NT * 8 + 1)];  // (tc_q4_tile's Stage)
   const int n_gu = lw.n_items * lw.gu_tiles;
   const int n_all = n_gu + lw.n_items * lw.dn_tiles;
-  const int n_grp = (lw.gu_tiles + 3) / 4;          // 64-row groups of h per item (the widest item's)
+  const int n_grp = (lw.gu_tiles + kGroupTiles - 1) / kGroupTiles;  // 64-row groups of h per item (the widest's)
   int32_t* groups_ready = lw.sync + 1;              // per item: its down operand's groups encoded
   int32_t* tiles_done = lw.sync + 1 + lw.n_items;   // per item and group: gate/up tiles finished
   if (threadIdx.x == 0) s_ticket = atomicAdd(lw.sync, 1);
@@ -125,10 +131,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    LayerCarry<FMT> carry{lw, regs, primed, &s_ticket, -1, n_all};
+    LayerCarry<FMT, MG, MD> carry{lw, regs, primed, &s_ticket, -1, n_all, s_stage};
     if (t < n_gu) {
-      const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / 4;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true>(
+      const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / kGroupTiles;
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true, MG>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -144,7 +150,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
       __syncthreads();
       if (threadIdx.x == 0) {
         int32_t* done = tiles_done + i * n_grp + grp;
-        s_last = atom_add_release_gpu(done, 1) == imin(4, lw.gu_tiles - 4 * grp) - 1;
+        s_last = atom_add_release_gpu(done, 1) == imin(kGroupTiles, lw.gu_tiles - kGroupTiles * grp) - 1;
         if (s_last) (void)ld_acquire_gpu(done);
       }
       __syncthreads();
@@ -162,7 +168,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     } else {
       const int d = t - n_gu, i = d / lw.dn_tiles, bx = d - i * lw.dn_tiles;
       const int need = lw.dn_jobs[i].kp / kColPad;
-      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true>(
+      tc_q4_tile<FMT, kI8Splits, NT, false, true, kAheadB, true, MD>(
           lw.items[lw.n_items + i], bx,
           [&] {
             grid_dep_wait();
@@ -215,14 +221,24 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
   return launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kTcWarps * 32), on, true, lw);
 }
 
-// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN).
+// lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); mg, md: its MG, MD (lw's tile
+// counts of those sizes): 1 and 1, 2 and 1, or 2 and 2.
 template <int FMT>
-cudaError_t launch_tc_q4_layer(int nt, bool lean, const LayerWork& lw, const Queue& on) {
+cudaError_t launch_tc_q4_layer(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true>>(lw, on);
-  if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1>>(lw, on);
-  if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true>>(lw, on);
-  if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2>>(lw, on);
+  auto with = [&](auto mg_tag, auto md_tag) {
+    constexpr int MG = decltype(mg_tag)::value, MD = decltype(md_tag)::value;
+    if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true, MG, MD>>(lw, on);
+    if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, MG, MD>>(lw, on);
+    if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, MG, MD>>(lw, on);
+    if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, false, MG, MD>>(lw, on);
+    return cudaErrorInvalidValue;
+  };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  if (mg == 1 && md == 1) return with(One{}, One{});
+  if (mg == 2 && md == 1) return with(Two{}, One{});
+  if (mg == 2 && md == 2) return with(Two{}, Two{});
   return cudaErrorInvalidValue;
 }
 

@@ -63,7 +63,8 @@ constexpr int tc_min_blocks(int s, int nt, bool gate_up) {
 // and their Q4_G64 scales). Batches 0 and 1 are requested before waiting for the previous kernel (the
 // operand's producer; wait_inputs(), called by every warp of the block): with a dependent launch they load
 // while its last wave runs. Then batch i runs while batch i + 1 loads. load_w(w, s): the next batch into a
-// buffer; first(): what the first batch needs besides (its B values); run(w, s, last).
+// buffer; first(): what the first batch needs besides (its B values); run(w, s, last, parity): parity is 0 for
+// the batches in wa (0, 2, ..), 1 for those in wb (a constant at each inlined call).
 // primed (0..2): the first batches already sit in wa (and wb), loaded by the tile before on this block (the
 // persistent layer kernel); skip_w() advances the pointers past one of them instead. near_end(): called once
 // as the last two batches begin (the layer kernel takes its next ticket there).
@@ -89,10 +90,10 @@ __device__ __forceinline__ void run_batches(int nb, W& wa, W& wb, float4 (&sa)[2
   for (int bi = 0; bi < nb; bi += 2) {
     if (bi + 2 >= nb) near_end();
     if (bi > 0 && bi + 1 < nb) load_w(wb, sb);  // (the first was loaded before the wait)
-    run(wa, sa, bi + 1 == nb);
+    run(wa, sa, bi + 1 == nb, 0);
     if (bi + 1 < nb) {
       if (bi + 2 < nb) load_w(wa, sa);
-      run(wb, sb, bi + 2 == nb);
+      run(wb, sb, bi + 2 == nb, 1);
     }
   }
 }
@@ -144,6 +145,7 @@ struct WarpSlice {
   const DevMatrix* mat;
   int m0, part, n_groups_all, g_first, n_groups;
   int rows[2];
+  int tile_d = 0;  // MT = 2: rows from the warp's first 16-row tile to its second (16; 0 past the matrix)
 };
 // K slice s of KS (whole batches of U groups: [s L, (s + 1) L) with L = U ceil(n / (KS U))) of a matrix of
 // n_all groups, and this thread's rows g, g + 8 of the 16-row tile at row tb. TILES: the matrices are known to be
@@ -165,16 +167,20 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
     ws.rows[1] = imin(tb + g + 8, rows_out - 1);
   }
 }
-template <bool GATE_UP, bool TILES = false>
+// MT (1, 2): 16-row tiles per warp (2: the layer kernel's two-row-tile form, TILES only; a block's rows double,
+// and the warp's second tile is the next 16 rows of its matrix, clamped to the last).
+template <bool GATE_UP, bool TILES = false, int MT = 1>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
   using Sh = TileShape<GATE_UP>;
+  static_assert(MT == 1 || (MT == 2 && TILES), "two row tiles per warp only in kTiles");
   const int rows_out = it.w0.rows;
   ws.part = warp / Sh::KS;
-  ws.m0 = bx * (GATE_UP ? kTcRowsPerBlock : Sh::kParts * kTcRowsPerBlock);
+  ws.m0 = bx * (GATE_UP ? kTcRowsPerBlock * MT : Sh::kParts * kTcRowsPerBlock * MT);
   if (ws.m0 >= rows_out) return false;
   ws.mat = GATE_UP && ws.part == 1 ? &it.w1 : &it.w0;
-  const int tb = GATE_UP ? ws.m0 : ws.m0 + 16 * ws.part;
+  const int tb = GATE_UP ? ws.m0 : ws.m0 + 16 * MT * ws.part;
   slice_rows<TILES>(ws, it.w0.kp / kColPad, Sh::KS, Sh::U, warp % Sh::KS, tb, g, rows_out);
+  ws.tile_d = MT == 2 ? imin(tb + 16, (rows_out - 1) & ~15) - imin(tb, (rows_out - 1) & ~15) : 0;
   return true;
 }
 
@@ -194,6 +200,8 @@ struct WeightStream {
   const float* s0;     // not TIED
   int32_t w_d, s_d, s_b;
   int w_u;
+  int32_t w_m, s_m;  // MT = 2 (TILES): the second row tile's weights (bytes) and scales (floats) from the first
+  int32_t su;        // MT = 2: units loaded (their parity places a unit's scales in its 4-group block)
   bool scales_x4;  // a batch's U scales per row as one 16-byte load
   bool tiles;      // kTiles: a thread's bytes of a unit's two groups side by side (ld_unit_row)
 };
@@ -214,6 +222,9 @@ __device__ __forceinline__ WeightStream weight_stream(const WarpSlice& ws, int q
     st.s_d = 32;
     st.w0 = wbase + q4_tile_byte(mat, ws.rows[0], q * 8 + ws.g_first * 32);
     s0 = mat.scales + (kGrouped ? tile_scale_row(ws.rows[0], mat.kp / kColPad) : ws.rows[0]);
+    st.w_m = static_cast<int32_t>(ws.tile_d * mat.stride);
+    st.s_m = (ws.tile_d >> 4) * ((mat.kp / kColPad + 3) >> 2) * 64;
+    st.su = 0;
   } else {
     st.w_d = static_cast<int32_t>(q4_row_byte(mat, ws.rows[1], 0) - q4_row_byte(mat, ws.rows[0], 0));
     const float* sp[2];
@@ -291,6 +302,34 @@ __device__ __forceinline__ void load_i8_batch(uint4 (&wv)[2][2], float4 (&sv)[2]
   skip_i8_batch<kGrouped, TIED>(st);
 }
 
+// Exact mode, two row tiles per warp (MT = 2, kTiles, not TIED: st.s0 is the next unit's scales): a batch is one
+// unit of both tiles, wv[m][0], wv[m][1] tile m's rows g, g + 8; sv[0] (row g) and sv[1] (row g + 8) hold the
+// unit's two group scales of tile 0 (x, y) and of tile 1 (z, w). A unit's scales are 8 bytes of its 4-group
+// block (the first or second half of each row's 16 bytes), the next block 256 bytes on.
+template <bool kGrouped>
+__device__ __forceinline__ void skip_i8_pair(WeightStream& st) {
+  st.w0 += 1024;
+  if (kGrouped) st.s0 += (st.su & 1) != 0 ? 62 : 2;
+  ++st.su;
+}
+template <bool kGrouped>
+__device__ __forceinline__ void load_i8_pair(uint4 (&wv)[2][2], float4 (&sv)[2], WeightStream& st) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    wv[m][0] = ld_stream_u4(st.w0 + m * st.w_m);
+    wv[m][1] = ld_stream_u4(st.w0 + m * st.w_m + 512);
+  }
+  if (kGrouped) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float2 a = __ldg(reinterpret_cast<const float2*>(st.s0 + rr * 32));
+      const float2 b = __ldg(reinterpret_cast<const float2*>(st.s0 + st.s_m + rr * 32));
+      sv[rr] = make_float4(a.x, a.y, b.x, b.y);
+    }
+  }
+  skip_i8_pair<kGrouped>(st);
+}
+
 // The exact-mode weight registers of a warp: two batches (see run_batches). The persistent layer kernel keeps
 // them across tiles, so a block loads its next tile's first batches before its current tile's epilogue.
 struct I8Regs {
@@ -299,21 +338,28 @@ struct I8Regs {
 };
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
 // (The layer kernel's: exact, up to 2 n-tiles, resident tiles, so its scales are TIED and its strides TILES.)
-template <int FMT, bool GATE_UP>
+// MT: row tiles per warp (MT = 2: batches of one unit of both, load_i8_pair).
+template <int FMT, bool GATE_UP, int MT = 1>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, true>(it, bx, warp, lane >> 2, ws)) return 0;
+  if (!warp_slice<GATE_UP, true, MT>(it, bx, warp, lane >> 2, ws)) return 0;
   constexpr bool kGrouped = FMT == kQ4G64;
-  WeightStream st = weight_stream<kGrouped, true, true>(ws, lane & 3);
-  const int nb = (ws.n_groups - ws.g_first) / TileShape<GATE_UP>::U;
-  if (nb > 0) load_i8_batch<kGrouped, true>(r.wa, r.sa, st);
-  if (nb > 1) load_i8_batch<kGrouped, true>(r.wb, r.sb, st);
+  WeightStream st = weight_stream<kGrouped, MT == 1, true>(ws, lane & 3);
+  const int nb = (ws.n_groups - ws.g_first) / (MT == 1 ? TileShape<GATE_UP>::U : 2);
+  if constexpr (MT == 1) {
+    if (nb > 0) load_i8_batch<kGrouped, true>(r.wa, r.sa, st);
+    if (nb > 1) load_i8_batch<kGrouped, true>(r.wb, r.sb, st);
+  } else {
+    if (nb > 0) load_i8_pair<kGrouped>(r.wa, r.sa, st);
+    if (nb > 1) load_i8_pair<kGrouped>(r.wb, r.sb, st);
+  }
   return imin(nb, 2);
 }
 
 // What a tile does for the launch around it beyond its own work (the persistent layer kernel; NoCarry: nothing).
-// kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already; near_end()
+// kOn: the exact-mode weight registers are regs(), of which primed() batches are loaded already, and the
+// epilogue stages through stage() (shared memory of the launch's tiles of both kinds); near_end()
 // as the last two batches begin; before_stage() before the epilogue's shared-memory staging; refill() right
 // after its barrier (the next tile's first loads, while this one's epilogue runs); skip() instead of all of
 // these for a tile past the item's rows (called by the whole block: it may hold a barrier).
@@ -325,6 +371,19 @@ struct NoCarry {
   __device__ __forceinline__ void refill() {}
   __device__ __forceinline__ void skip() {}
 };
+// The epilogue's staging: the carry's (the layer kernel's one buffer for its gate/up and its down tiles; with a
+// buffer per instance it had twice the shared memory, which the L1 holding the B operands gives up) or the
+// tile's own.
+template <class Stage, class Carry>
+__device__ __forceinline__ Stage& stage_buffer(Carry& carry) {
+  if constexpr (std::decay_t<Carry>::kOn) {
+    return *reinterpret_cast<Stage*>(carry.stage());
+  } else {
+    (void)carry;
+    __shared__ Stage own;
+    return own;
+  }
+}
 template <class Carry>
 __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
   if constexpr (std::decay_t<Carry>::kOn) {
@@ -342,15 +401,18 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // tiles), so they are read with weak loads ordered after wait_inputs' acquire, never through the read-only
 // path (ld_weak_u4). AHEAD_B: each unit's (group's) B values are loaded one unit ahead, in a second set of
 // registers (by default up to 2 n-tiles); without, just before their k-steps. TILES: the item's matrices are
-// in kTiles (the layer kernel's; see warp_slice, weight_stream).
+// in kTiles (the layer kernel's; see warp_slice, weight_stream). MT (exact mode, TILES): 16-row tiles per warp; with
+// 2, each B value loaded feeds both (half the B loads per weight byte) and the block's rows double; every row's
+// arithmetic, K slices and order are the same, so the same bits.
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
-          class Wait, class Carry = NoCarry>
+          int MT = 1, class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
   static_assert(S == kI8Splits || S == 1, "exact (int8 digit planes) or W4A16 (bf16) operands");
   constexpr bool kI8 = S == kI8Splits;
   static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
+  static_assert(MT == 1 || (MT == 2 && kI8 && TILES), "two row tiles per warp: exact mode, kTiles");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
   constexpr int kParts = TileShape<GATE_UP>::kParts;
   constexpr int KS = TileShape<GATE_UP>::KS;
@@ -361,7 +423,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, TILES>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
+  if (!warp_slice<GATE_UP, TILES, MT>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
     carry.skip();
     return;
   }
@@ -369,8 +431,8 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const int kp = it.w0.kp;
   const int n_groups_all = ws.n_groups_all;
   const int g_first = ws.g_first, n_groups = ws.n_groups;
-  constexpr bool kTied = kTiedScales<S, NT>;
-  static_assert(kTied || !std::decay_t<Carry>::kOn, "the layer kernel's first batches are loaded TIED");
+  constexpr bool kTied = kTiedScales<S, NT> && MT == 1;  // (MT = 2: load_i8_pair's own scale pointer)
+  static_assert(kTied || MT == 2 || !std::decay_t<Carry>::kOn, "the layer kernel's first batches are loaded TIED");
   WeightStream st = weight_stream<kGrouped, kTied, TILES>(ws, q);
   // This thread's B column is g of each n-tile. With one n-tile, a thread whose column holds no token (at one
   // decode token, int8: 4 of the 8 columns) loads the last live column instead: the address of another lane's
@@ -386,11 +448,14 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
                     static_cast<int64_t>(q >> 1) * n_groups_all;
 
-  float acc[NT][4];
+  float accm[MT][NT][4];  // per row tile
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) accm[m][t][i] = 0.0f;
+  auto& acc = accm[0];
   // The conversion constant (bf16: 0x43004300, see q4_pair_bf16x2; int8: 0x80808080, see q4_i8_bytes), or'ed
   // with a zero the compiler cannot prove (n_tok is never negative), so that it stays in a register.
   const uint32_t magic = (kI8 ? 0x80808080u : 0x43004300u) | (static_cast<uint32_t>(it.n_tok) >> 31);
@@ -400,7 +465,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // Q4_G64 scales of rows g, g + 8 from this warp's first group on (row g + 8's s_d further): a batch's U
   // scales per row as one 16-byte load when the row's group count allows it.
   const int n_mine = n_groups - g_first;  // g_first is a multiple of U
-  const int nb = n_mine / U;              // whole batches
+  const int nb = n_mine / (MT == 1 ? U : 2);  // whole batches (MT = 2: of one unit)
   // One 16-byte B load of n-tile t (k-steps 2h, 2h + 1) at p; zeros for a column past the tokens. fetch_b:
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
@@ -463,7 +528,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
     auto from_n = [&](int t, int h) { return bn[t][h]; };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
-    auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last) {
+    auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last, int) {
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
       const float sg1[2] = {sv[0].z, sv[0].w}, sh1[2] = {sv[1].z, sv[1].w};
       if (!kAheadB) {
@@ -484,17 +549,81 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     if constexpr (!std::decay_t<Carry>::kOn) {
       R.sa[0] = R.sa[1] = R.sb[0] = R.sb[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    run_batches(
-        nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(), wait_inputs,
-        [&] {
-          if (kAheadB) load_b(bc, mc);
-        },
-        run_batch, [&] { carry.near_end(); });
+    if constexpr (MT == 2) {
+      // A batch is one unit of both row tiles (load_i8_pair): each n-tile's B values of a group are taken once
+      // (b(t, k): loaded ahead, or a load) and feed tile 0's mma, then tile 1's. B ahead: batches in wa take
+      // bc/mc and load the next unit's into bn/mn, those in wb the reverse.
+      auto mma_pair = [&](const uint4 (&wv)[2][2], const float4 (&sv)[2], auto&& b, const float (&mult)[NT][2],
+                          bool two) {
+        const float sg[2][2] = {{sv[0].x, sv[0].y}, {sv[0].z, sv[0].w}};
+        const float sh[2][2] = {{sv[1].x, sv[1].y}, {sv[1].z, sv[1].w}};
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            if (k == 1 && !two) break;  // warp-uniform
+            const uint4 bv = b(t, k);
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              i8_group<kGrouped>(wv[m], k, bv, magic, sg[m][k], sh[m][k], mult[t][k], accm[m][t][0],
+                                 accm[m][t][2]);
+            }
+          }
+        }
+      };
+      auto run_pair = [&](const uint4 (&wv)[2][2], const float4 (&sv)[2], bool last, int parity) {
+        if (!kAheadB) {
+          load_b(bc, mc);
+          mma_pair(wv, sv, from_c, mc, true);
+        } else if (parity == 0) {
+          if (!last) load_b(bn, mn);
+          mma_pair(wv, sv, from_c, mc, true);
+        } else {
+          if (!last) load_b(bc, mc);
+          mma_pair(wv, sv, from_n, mn, true);
+        }
+      };
+      auto load_pair = [&](uint4(&wv)[2][2], float4(&sv)[2]) { load_i8_pair<kGrouped>(wv, sv, st); };
+      run_batches(
+          nb, R.wa, R.wb, R.sa, R.sb, load_pair, [&] { skip_i8_pair<kGrouped>(st); }, carry.primed(), wait_inputs,
+          [&] {
+            if (kAheadB) load_b(bc, mc);
+          },
+          run_pair, [&] { carry.near_end(); });
+      if (nb * 2 < n_mine) {  // a last odd group (the last slice of a matrix with an odd group count): a half unit
+        const uint8_t* w1 = st.w0 + st.w_m;
+        const uint4 w[2][2] = {{ld_unit_row(st.w0, false, true), ld_unit_row(st.w0 + 512, false, true)},
+                               {ld_unit_row(w1, false, true), ld_unit_row(w1 + 512, false, true)}};
+        float4 sv[2] = {};
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          if (kGrouped) sv[rr] = make_float4(__ldg(st.s0 + rr * 32), 0.0f, __ldg(st.s0 + st.s_m + rr * 32), 0.0f);
+        }
+        uint4 bt[NT][2];
+        float mt[NT][2];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          bt[t][0] = b_load(bnext, t, 0);
+          bt[t][1] = make_uint4(0u, 0u, 0u, 0u);
+          mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
+          mt[t][1] = 0.0f;
+        }
+        mma_pair(w, sv, [&](int t, int h) { return bt[t][h]; }, mt, false);
+      }
+    } else {
+      run_batches(
+          nb, R.wa, R.wb, R.sa, R.sb, load_w, [&] { skip_i8_batch<kGrouped, kTied>(st); }, carry.primed(),
+          wait_inputs,
+          [&] {
+            if (kAheadB) load_b(bc, mc);
+          },
+          run_batch, [&] { carry.near_end(); });
+    }
     // The remaining n_mine % U groups (only in the last slice of a matrix whose group count does not divide
     // evenly): a unit at a time. A last odd group is a half unit: its B bytes keep their chunks in order
     // (i8_pos), thread q's 16 at 16q, and its rows' second group is not loaded.
     const float* s_rem = scale_at<kTied>(st, st.w0);  // (the partial batch's: its groups adjacent)
-    for (int r = nb * U; r < n_mine; r += 2) {
+    for (int r = nb * U; MT == 1 && r < n_mine; r += 2) {  // (MT = 2: its half unit above)
       const bool two = r + 1 < n_mine;  // warp-uniform
       const uint4 w[2] = {ld_unit_row(st.w0, two, st.tiles), ld_unit_row(st.w0 + st.w_d, two, st.tiles)};
       st.w0 += st.w_u;
@@ -598,7 +727,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     // group; U is even, so a batch starts and ends with the same roles). The last batch requests nothing past
     // the slice.
     static_assert(U % 2 == 0, "B buffers alternate per group");
-    auto run_batch = [&](const uint2 (&wv)[U][2], const float4 (&sv)[2], bool last) {
+    auto run_batch = [&](const uint2 (&wv)[U][2], const float4 (&sv)[2], bool last, int) {
       const float s_g[U] = {sv[0].x, sv[0].y, sv[0].z, sv[0].w}, s_h[U] = {sv[1].x, sv[1].y, sv[1].z, sv[1].w};
 #pragma unroll
       for (int u = 0; u < U; u += 2) {
@@ -638,13 +767,17 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // then each (row, token) adds its matrices' slices in order (Q4_ROW: times the row scale), combines its digit
   // planes (int8) and is stored.
   constexpr int kCols = NT * 8 + 1;
-  __shared__ float stage[kTcWarps][16][kCols];
+  using Stage = float[kTcWarps][16 * MT][kCols];  // (row 16 m + i: row i of the warp's row tile m)
+  Stage& stage = stage_buffer<Stage>(carry);
   carry.before_stage();
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     if constexpr (kI8) {  // plane pair q % 2 of token 2 t + q / 2: column 4 t + q
-      stage[warp][g][t * 4 + q] = acc[t][0];
-      stage[warp][g + 8][t * 4 + q] = acc[t][2];
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        stage[warp][16 * m + g][t * 4 + q] = accm[m][t][0];
+        stage[warp][16 * m + g + 8][t * 4 + q] = accm[m][t][2];
+      }
     } else {
       stage[warp][g][t * 8 + 2 * q] = acc[t][0];
       stage[warp][g][t * 8 + 2 * q + 1] = acc[t][1];
@@ -654,32 +787,31 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   }
   __syncthreads();
   carry.refill();
-  // Column c of row i of part m (gate/up: matrix m; linear: tile m), over the whole K.
-  auto total = [&](int m, int i, int c) {
+  // Column c of stage row i of part m (gate/up: matrix m; linear: its warp m), over the whole K; o: the output row.
+  auto total = [&](int m, int i, int c, int o) {
     float v = stage[m * KS][i][c];
 #pragma unroll
     for (int w = 1; w < KS; ++w) v += stage[m * KS + w][i][c];
-    if (!kGrouped) {
-      v *= GATE_UP ? __ldg((m == 0 ? it.w0.scales : it.w1.scales) + imin(m0 + i, rows_out - 1))
-                   : __ldg(it.w0.scales + imin(m0 + 16 * m + i, rows_out - 1));
-    }
+    if (!kGrouped) v *= __ldg((GATE_UP && m == 1 ? it.w1.scales : it.w0.scales) + imin(o, rows_out - 1));
     return v;
   };
   const int n_tok = it.n_tok;
-  constexpr int kRows = GATE_UP ? 16 : 16 * kParts;  // output rows of the block
+  constexpr int kTiles16 = (GATE_UP ? 1 : kParts) * MT;  // 16-row tiles of the block's output
+  constexpr int kRows = 16 * kTiles16;
   for (int idx = static_cast<int>(threadIdx.x); idx < kRows * n_tok; idx += kTcWarps * 32) {
-    const int i = idx & 15, tile = GATE_UP ? 0 : (idx >> 4) & (kParts - 1), r = idx / kRows;
+    const int i = idx & 15, tile = (idx >> 4) & (kTiles16 - 1), r = idx / kRows;
     const int o = m0 + 16 * tile + i;
     if (o >= rows_out) continue;
+    const int si = 16 * (tile % MT) + i;  // its stage row (in the part's warps: gate/up both, linear tile / MT)
     // int8: the token's plane pairs (columns 2 r + 1: planes 2, 3; 2 r: planes 0, 1), the upper first.
     auto token = [&](int m) {
       if constexpr (kI8) {
-        return total(m, i, 2 * r + 1) * 65536.0f + total(m, i, 2 * r);
+        return total(m, si, 2 * r + 1, o) * 65536.0f + total(m, si, 2 * r, o);
       } else {
-        return total(m, i, r);
+        return total(m, si, r, o);
       }
     };
-    const float v0 = token(tile);
+    const float v0 = token(GATE_UP ? 0 : tile / MT);
     if constexpr (GATE_UP) {
       store_h(it, r, o, silu(v0) * token(1));
     } else {

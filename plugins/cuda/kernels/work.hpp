@@ -106,7 +106,7 @@ struct LayerWork {
   int32_t* sync;           // 1 + n_items (1 + ceil(gu_tiles / 4)) counters, zero at launch: the ticket, per
                            // item its down operand's groups encoded, per item and 64-row group of h its
                            // gate/up tiles done
-  int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item
+  int32_t n_items, gu_tiles, dn_tiles;  // tiles per gate_up item and per down item (of the instance's MT)
   int32_t persistent;  // 0: a block per tile; 1: as many blocks as the device holds, each taking tiles in turn
   int32_t max_sms;     // (host, persistent: the SMs its grid is sized for; 0: all the device's)
   // NULL, or where each ticket's tile records its timeline (bench_cuda --timeline; for tickets below
@@ -192,9 +192,11 @@ cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items
 cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
-// lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh).
-cudaError_t launch_layer_q4g64_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
-cudaError_t launch_layer_q4row_tc(int nt, bool lean, const LayerWork& lw, const Queue& on);
+// lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh). mg, md: 16-row tiles per
+// warp of the gate/up and the down tiles: 1 and 1, 2 and 1, or 2 and 2 (2: gate/up tiles of 32 rows, down tiles
+// of 128; lw's tile counts are of those).
+cudaError_t launch_layer_q4g64_tc(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on);
+cudaError_t launch_layer_q4row_tc(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
