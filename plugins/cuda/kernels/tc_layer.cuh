@@ -1,13 +1,13 @@
 // The layer kernel: an expert group's gate/up tiles and down tiles (exact mode, tensor cores) in one launch.
 // Each block takes a ticket (an atomic counter) and with it its work, in order: every gate/up tile of item 0,
 // of item 1, .., then every down tile of item 0, 1, ... The down operand's group G (h columns 64 G ..) needs
-// the 4 gate/up tiles of rows 64 G ..: the last of them to finish encodes it (encode_i8_unit, as the
-// preparation pass does) and counts it; an item's down blocks load their first weights, then wait until all
-// of its groups are counted. So the down tiles of the first experts run while the last gate/up tiles still
-// do, with no kernel boundary, preparation launch or wave tail between the two passes; every tile's
-// arithmetic is tc_q4_tile's, so the results equal the separate launches' bit for bit. Every matrix of a
-// layer launch is a resident one in kTiles (the planner's condition; staged host weights take the separate
-// launches), so the tiles' addresses are compile-time strides (tc_q4_tile's TILES).
+// the gate/up tiles of rows 64 G .. (4, or 2 of 32 rows): the last of them to finish encodes it
+// (encode_i8_unit, as the preparation pass does) and counts it; an item's down blocks load their first weights,
+// then wait until all of its groups are counted. So the down tiles of the first experts run while the last
+// gate/up tiles still do, with no kernel boundary, preparation launch or wave tail between the two passes;
+// every tile's arithmetic is tc_q4_tile's, so the results equal the separate launches' bit for bit. Every
+// matrix of a layer launch is a resident one in kTiles (the planner's condition; staged host weights take the
+// separate launches), so the tiles' addresses are compile-time strides (tc_q4_tile's TILES).
 //
 // No deadlock whatever the block scheduling: a block only ever waits (in a down tile) for gate/up tiles, whose
 // tickets are smaller; a gate/up tile waits only for the previous launch, and its ticket is held by a block
