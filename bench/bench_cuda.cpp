@@ -277,7 +277,7 @@ TimelineSummary summarize_timeline(const std::vector<uint64_t>& rec, int n_gu_ti
 // One launch's tile records as CSV lines (times in ns from its first tile's start; the preparation's stamps,
 // when present, on every line: negative before that start). kind: "gu" for tickets below n_gu_tiles.
 void append_timeline_csv(std::string& csv, const std::vector<uint64_t>& rec, int rows, int pass, int layer,
-                         int n_gu_tiles) {
+                         int n_gu_tiles, int gu_rows, int dn_rows) {
   namespace S = strata_cuda;
   const TimelineFrame f = timeline_frame(rec);
   if (f.t0 == UINT64_MAX) return;
@@ -286,10 +286,11 @@ void append_timeline_csv(std::string& csv, const std::vector<uint64_t>& rec, int
   for (size_t t = 0; t < f.n; ++t) {
     if (at(t, S::kTimelineBegin) == 0) continue;
     const uint64_t who = at(t, S::kTimelineWho);
-    csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", rows, pass, layer, t,
+    csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", rows, pass, layer, t,
                        static_cast<int>(t) < n_gu_tiles ? "gu" : "dn", who >> 32, who & 0xffffffffu,
                        rel(at(t, S::kTimelineBegin)), rel(at(t, S::kTimelineInputs)),
-                       rel(at(t, S::kTimelineStored)), rel(at(t, S::kTimelineEnd)), f.prep_first, f.prep_last);
+                       rel(at(t, S::kTimelineStored)), rel(at(t, S::kTimelineEnd)), f.prep_first, f.prep_last,
+                       gu_rows, dn_rows);
   }
 }
 
@@ -371,7 +372,8 @@ int main(int argc, char** argv) {
   app.add_option("--timeline-csv", timeline_csv,
                  "with --timeline: every timed launch's tile records into this CSV file (rows, pass, layer, "
                  "ticket, kind, sm, block, begin/inputs/stored/end ns from the launch's first tile start, the "
-                 "preparation's first start and last end); tools/timeline_report.py reads it");
+                 "preparation's first start and last end, the gate/up and down tiles' rows); "
+                 "tools/timeline_report.py reads it");
   int layer_experts = 8;
   int reserve_sms = 0;
   app.add_option("--reserve-sms", reserve_sms,
@@ -460,7 +462,8 @@ int main(int argc, char** argv) {
                    "pass", "queued", "span", "inputs 1st/wv", "out", "full", "tile gu", "tile dn", "dn wait",
                    "peak", "prep from/to", "device");
         std::string csv =
-            "rows,pass,layer,ticket,kind,sm,block,begin_ns,inputs_ns,stored_ns,end_ns,prep_first_ns,prep_last_ns\n";
+            "rows,pass,layer,ticket,kind,sm,block,begin_ns,inputs_ns,stored_ns,end_ns,prep_first_ns,prep_last_ns,"
+            "gu_rows,dn_rows\n";
         for (int rows : {1, 2, 3, 4}) {
           std::vector<float> x(static_cast<size_t>(rows * H));
           std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -481,10 +484,11 @@ int main(int argc, char** argv) {
               const auto t = b.time_expert_group(x.data(), rows, H, static_cast<int32_t>(g.tasks.size()),
                                                  g.tasks.data(), 1, 100, &rec);
               if (pass == 0) continue;
-              const int rows_gu = 16 * b.settings().layer_mt_gu;  // (a gate/up tile: 16 or 32 rows of F)
+              // (a tile's rows: gate/up 16 or 32 of F, down 64 or 128 of H; WARP_ROWS)
+              const int rows_gu = 16 * b.settings().layer_mt_gu, rows_dn = 64 * b.settings().layer_mt_dn;
               const int n_gu_tiles = layer_experts * static_cast<int>((F + rows_gu - 1) / rows_gu);
               const TimelineSummary sm = summarize_timeline(rec, n_gu_tiles);
-              if (!timeline_csv.empty()) append_timeline_csv(csv, rec, rows, pass, l, n_gu_tiles);
+              if (!timeline_csv.empty()) append_timeline_csv(csv, rec, rows, pass, l, n_gu_tiles, rows_gu, rows_dn);
               queued.push_back(t.at(0) * 1e3);
               span.push_back(sm.span);
               full.push_back(sm.full_until);

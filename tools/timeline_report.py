@@ -7,12 +7,14 @@
     given by --peak-gbs, and how many bytes were read at below --full of it (the launch's underused time);
   - the down tiles' waits for their inputs, split into waits that began before their item's last gate/up tile had
     ended (a dependency) and after (the readiness check's own latency);
-  - the gate/up tiles' count (stored -> end: fence, count, any encoding), the longest of each group of 4 apart;
+  - the gate/up tiles' count (stored -> end: fence, count, any encoding), the longest of each 64-row group's
+    (4 tiles of 16 rows, or 2 of 32) apart;
   - the tail: tiles still running after the last ticket was taken.
 
 Usage: tools/timeline_report.py tiles.csv [--peak-gbs 3350] [--gu-bytes B] [--dn-bytes B]
-The byte counts default to a GLM-5.2 layer's Q4_G64 tiles (gate/up: 2 x 16 rows x 6144 columns; down: 64 rows x
-2048 columns; with their group scales).
+The byte counts and --gu-tiles-per-item default to a GLM-5.2 layer's Q4_G64 tiles of 16 gate/up rows (2 x 16 rows
+x 6144 columns) and 64 down rows (x 2048 columns), with their group scales; records of larger tiles
+(STRATA_CUDA_LAYER_WARP_ROWS: their gu_rows and dn_rows columns) scale them.
 """
 import argparse
 import csv
@@ -26,8 +28,13 @@ def median(v):
 
 
 def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us, gu_per_item):
-    """tiles: the records of one launch (gu_per_item gate/up tiles per expert). Returns a dict of figures (us, MB)."""
+    """tiles: the records of one launch (gu_per_item gate/up tiles of 16 rows per expert; the bytes of 16-row
+    gate/up and 64-row down tiles, scaled by the records' tile rows). Returns a dict of figures (us, MB)."""
     r = {}
+    gu_rows, dn_rows = tiles[0]["gu_rows"], tiles[0]["dn_rows"]
+    gu_bytes, dn_bytes = gu_bytes * gu_rows // 16, dn_bytes * dn_rows // 64
+    gu_per_item = max(1, gu_per_item * 16 // gu_rows)
+    group = max(1, 64 // gu_rows)  # gate/up tiles per 64-row group of h
     t_end = max(t["end"] for t in tiles)
     t_out = max(t["begin"] for t in tiles)
     prep_first = tiles[0]["prep_first"]
@@ -75,11 +82,11 @@ def analyse(tiles, gu_bytes, dn_bytes, peak_gbs, full, bin_us, gu_per_item):
     r["dn_dep_n"], r["dn_dep_sum"], r["dn_dep_med"] = len(dep), sum(dep), median(dep)
     r["dn_check_n"], r["dn_check_sum"], r["dn_check_med"] = len(check), sum(check), median(check)
     # Gate/up tiles' count (stored -> end: the fence, the count, any encoding), the longest of each 64-row
-    # group's 4 (the one that encodes, by default) apart from the others.
+    # group's tiles (the one that encodes, by default) apart from the others.
     groups = defaultdict(list)
     for t in tiles:
         if t["kind"] == "gu" and t["stored"] > 0:
-            groups[t["ticket"] // 4].append((t["end"] - t["stored"]) / 1e3)
+            groups[t["ticket"] // group].append((t["end"] - t["stored"]) / 1e3)
     last4, rest4 = [], []
     for v in groups.values():
         v.sort()
@@ -113,7 +120,7 @@ def main():
     ap.add_argument("--peak-gbs", type=float, default=3350.0, help="the card's peak (H100 SXM 3350, H200 4800)")
     ap.add_argument("--gu-bytes", type=int, default=2 * 16 * 6144 // 2 + 2 * 16 * 96 * 4)
     ap.add_argument("--dn-bytes", type=int, default=64 * 2048 // 2 + 64 * 32 * 4)
-    ap.add_argument("--gu-tiles-per-item", type=int, default=128)
+    ap.add_argument("--gu-tiles-per-item", type=int, default=128, help="per expert, of 16 rows")
     ap.add_argument("--full", type=float, default=0.85, help="the read rate counted as full, of the peak")
     ap.add_argument("--bin-us", type=float, default=1.0)
     ap.add_argument("--profile", action="store_true", help="print each rows count's median rate profile")
@@ -131,6 +138,8 @@ def main():
                 "end": int(row["end_ns"]),
                 "stored": int(row.get("stored_ns") or 0),
                 "prep_first": int(row["prep_first_ns"]),
+                "gu_rows": int(row.get("gu_rows") or 16),
+                "dn_rows": int(row.get("dn_rows") or 64),
             }
             launches[(int(row["rows"]), int(row["pass"]), int(row["layer"]))].append(t)
     if not launches:

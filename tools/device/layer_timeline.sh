@@ -31,10 +31,8 @@ for v in ${VARIANTS:--}; do
     logs+=("$log")
     if [ ${#csv[@]} -gt 0 ] && [ -f "${csv[1]}" ]; then
       peak=$(sed -n "s/.*peak used below ('% of peak'): \([0-9]*\) GB\/s.*/\1/p" "$out/$log")
-      gu=128  # (gate/up tiles per GLM-5.2 expert: 2048 rows of 16, or of 32 with two row tiles per warp)
-      case "$v" in *STRATA_CUDA_LAYER_WARP_ROWS=32*) gu=64 ;; esac  # (32 or 32/16)
       python3 tools/timeline_report.py "${csv[1]}" --peak-gbs "${peak:-4800}" \
-        --gu-tiles-per-item "$gu" --profile >> "$summary" 2>&1
+        --gu-tiles-per-item 128 --profile >> "$summary" 2>&1
       logs+=("$(basename "${csv[1]}")")
     fi
   done
