@@ -527,6 +527,17 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     float mc[NT][2] = {}, mn[NT][2] = {};
     auto from_c = [&](int t, int h) { return kAheadB ? bc[t][h] : b_load(b_at, t, h); };
     auto from_n = [&](int t, int h) { return bn[t][h]; };
+    // A unit's B values and multipliers past the whole batches, at bnext (`two` false: a last half unit, its
+    // second group zeros: column g_b's 64 bytes, thread q's 16 at 16 q, i8_at).
+    auto load_rest_b = [&](uint4 (&bt)[NT][2], float (&mt)[NT][2], bool two) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        bt[t][0] = b_load(bnext, t, 0);
+        bt[t][1] = two ? b_load(bnext, t, 1) : make_uint4(0u, 0u, 0u, 0u);
+        mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
+        mt[t][1] = two ? ld_m(mnext + 2 * t * n_groups_all + 1) : 0.0f;
+      }
+    };
     static_assert(UN == 2, "a batch is two units (c/n buffers alternate per unit)");
     auto run_batch = [&](const uint4 (&wv)[UN][2], const float4 (&sv)[2], bool last, int) {
       const float sg0[2] = {sv[0].x, sv[0].y}, sh0[2] = {sv[1].x, sv[1].y};
@@ -601,13 +612,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
         }
         uint4 bt[NT][2];
         float mt[NT][2];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          bt[t][0] = b_load(bnext, t, 0);
-          bt[t][1] = make_uint4(0u, 0u, 0u, 0u);
-          mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
-          mt[t][1] = 0.0f;
-        }
+        load_rest_b(bt, mt, false);
         mma_pair(w, sv, [&](int t, int h) { return bt[t][h]; }, mt, false);
       }
     } else {
@@ -631,16 +636,9 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
       const float sg[2] = {kGrouped ? __ldg(s_rem) : 0.0f, kGrouped && two ? __ldg(s_rem + 1) : 0.0f};
       const float sh[2] = {kGrouped ? __ldg(s_rem + s_d) : 0.0f, kGrouped && two ? __ldg(s_rem + s_d + 1) : 0.0f};
       s_rem += 2;
-      const uint8_t* bu = bnext;  // (a last half unit: column g_b's 64 bytes, thread q's 16 at 16 q: i8_at)
       uint4 bt[NT][2];
       float mt[NT][2];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        bt[t][0] = b_load(bu, t, 0);
-        bt[t][1] = two ? b_load(bu, t, 1) : make_uint4(0u, 0u, 0u, 0u);
-        mt[t][0] = ld_m(mnext + 2 * t * n_groups_all);
-        mt[t][1] = two ? ld_m(mnext + 2 * t * n_groups_all + 1) : 0.0f;
-      }
+      load_rest_b(bt, mt, two);
       bnext += 1024;
       mnext += 2;
       mma_unit(w, sg, sh, [&](int t, int h) { return bt[t][h]; }, mt, two);
