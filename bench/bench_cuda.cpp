@@ -165,6 +165,9 @@ double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<flo
       (void)cudaGetDevice(&dev);
       (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       reserve = std::make_unique<strata_bench::SmReserve>(reserve_sms, sms, 20000, false);
+      static bool told = false;  // (which SMs: the layer kernel's SM order homes its ranges by SM id)
+      if (!told) fmt::print("the SMs held: {}\n", fmt::join(reserve->held(), " "));
+      told = true;
     }
     for (auto& g : gs) {
       const auto t = b.time_expert_group(x.data(), n_x, hidden, static_cast<int32_t>(g.tasks.size()),

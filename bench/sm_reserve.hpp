@@ -57,6 +57,9 @@ class SmReserve {
   SmReserve(const SmReserve&) = delete;
   SmReserve& operator=(const SmReserve&) = delete;
 
+  // The SMs held (their %smid), sorted.
+  const std::set<int>& held() const { return held_; }
+
   // Whether the waiting blocks left because their time ran out: the SMs were not held all along.
   bool expired() {
     if (dev_ == nullptr || host_ == nullptr || ctl_ == nullptr) return false;
@@ -88,9 +91,9 @@ class SmReserve {
         throw std::runtime_error(fmt::format("--reserve-sms: only {} of {} blocks started", host_[1], n));
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    const std::set<int> distinct(host_ + 3, host_ + 3 + n);
-    if (static_cast<int>(distinct.size()) != n || *distinct.begin() < 0)
-      throw std::runtime_error(fmt::format("--reserve-sms: {} blocks on only {} SMs", n, distinct.size()));
+    held_ = std::set<int>(host_ + 3, host_ + 3 + n);
+    if (static_cast<int>(held_.size()) != n || *held_.begin() < 0)
+      throw std::runtime_error(fmt::format("--reserve-sms: {} blocks on only {} SMs", n, held_.size()));
   }
   // Stops the waiting blocks (when launched) and frees everything.
   void release() {
@@ -115,6 +118,7 @@ class SmReserve {
     (void)cudaStreamSynchronize(ctl_);
   }
   int n_;
+  std::set<int> held_;
   bool launched_ = false;
   int* dev_ = nullptr;   // stop flag, blocks started, time ran out, their SMs
   int* host_ = nullptr;  // (pinned: their copy)
