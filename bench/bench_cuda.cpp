@@ -165,7 +165,7 @@ double time_groups(CudaBackend& b, std::vector<Group>& gs, const std::vector<flo
       (void)cudaGetDevice(&dev);
       (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
       reserve = std::make_unique<strata_bench::SmReserve>(reserve_sms, sms, 20000, false);
-      static bool told = false;  // (which SMs: the layer kernel's SM order homes its ranges by SM id)
+      static bool told = false;  // (once: which SMs the kernels measured do not run on, by %smid)
       if (!told) fmt::print("the SMs held: {}\n", fmt::join(reserve->held(), " "));
       told = true;
     }
