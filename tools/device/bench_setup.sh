@@ -5,6 +5,9 @@
 # TEST_RUNS (1) times, each into its own log (a race on the hardware may show in one run of several). A run script
 # needs no environment of its own beyond these (runs 105-112 each wrote this setup out again).
 bundle=${BUNDLE:-build-cuda/bundle}
+# Programs carried gzip'd (e.g. the previous build's bench_cuda beside the new one, for layer_ab.sh's
+# bin=NAME variants: the tree and the bundle travel within 64 MiB together) are unpacked in place.
+for f in "$bundle"/bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
 out=${OUT:-$out_default}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

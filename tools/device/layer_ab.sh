@@ -5,7 +5,8 @@
 #   There:  run(command="VARIANTS='STRATA_CUDA_LAYER_ENCODE=2 STRATA_CUDA_LAYER_ENCODE=0' tools/device/layer_ab.sh",
 #               carry=["build-cuda/bundle"])
 # VARIANTS: space-separated environment settings (one per variant; "-" for none; several settings of one
-# variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda); PASSES (2): how
+# variant joined by commas; a first "bin=NAME" runs $BUNDLE/bin/NAME instead of bench_cuda, e.g. the previous
+# build's bench_cuda, carried as NAME.gz: a layer-kernel change is judged against that, run150); PASSES (2): how
 # often the list is run through; BENCH_ARGS (--layer --quick --rounds 5); TESTS=1 runs test_cuda first. Writes
 # under $OUT: summary.txt (the 1-8 row "queued" figures of the exact tensor cores per pass and variant, and
 # with --latency the issue -> take wall medians, with STRATA_CUDA_TRACE=1 the host's laps per one-token issue;
