@@ -64,15 +64,6 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
   rec[kTimelineEnd] = global_ns();
 }
 
-// Group grp of an item's down operand, encoded by the block's warps from h (read through L2: written in this
-// launch). Out of line: it runs once per 64-row group of h, and its code inlined in the kernel would sit
-// between the tiles' main loops (code size counts here, see above).
-static __device__ STRATA_NOINLINE void encode_layer_group(const PrepJob& job, int grp) {
-  for (int r = static_cast<int>(threadIdx.x >> 5); r < job.ncols / kI8Planes; r += kTcWarps) {
-    encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
-  }
-}
-
 // The layer kernel's carry between a block's tiles (tc_q4_tile's hooks), when lw.persistent: thread 0 takes
 // the next ticket as the tile's last two batches begin (the atomic's latency hides behind them; taken earlier,
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
@@ -174,7 +165,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
       // encode; h's padding columns within the last group encode as zeros without being read: job.cols).
       if (s_last && grp < job.kp / kColPad) {
         grid_dep_wait();  // (a tile past the item's rows did not wait in the tile)
-        encode_layer_group(job, grp);
+        for (int r = static_cast<int>(threadIdx.x >> 5); r < job.ncols / kI8Planes; r += kTcWarps) {
+          encode_i8_unit(job, r, grp, [](const float* p) { return __ldcg(p); });
+        }
         __syncthreads();
         if (threadIdx.x == 0) red_add_release_gpu(groups_ready + i, 1);
       }

@@ -434,22 +434,15 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   constexpr bool kTied = kTiedScales<S, NT> && MT == 1;  // (MT = 2: load_i8_pair's own scale pointer)
   static_assert(kTied || MT == 2 || !std::decay_t<Carry>::kOn, "the layer kernel's first batches are loaded TIED");
   WeightStream st = weight_stream<kGrouped, kTied, TILES>(ws, q);
-  // This thread's B column is g of each n-tile. With one or two n-tiles, a thread whose column holds no token
-  // (int8: at one or three decode tokens, 4 of the last n-tile's 8 columns) loads the last live column instead:
-  // the address of another lane's load (no more L1 traffic or L2 fills), and no predicate or zeroing (sm_90: 24
-  // instructions less per 4 KB of weights in the layer kernel than feeding zeros). Such an output column
-  // belongs to no token and is never stored. With two n-tiles, n-tile 1's column is reached by a per-thread
-  // distance b_nt1 from n-tile 0's instead of the common stride. (With more, every column is loaded.)
+  // This thread's B column is g of each n-tile. With one n-tile, a thread whose column holds no token (at one
+  // decode token, int8: 4 of the 8 columns) loads the last live column instead: the address of another lane's
+  // load (no more L1 traffic), and no predicate or zeroing (sm_90: 24 instructions less per 4 KB of weights in
+  // the layer kernel than feeding zeros). Such an output column belongs to no token and is never stored.
+  // (With more n-tiles every column is loaded: the clamp per n-tile costs registers.)
   constexpr int kElem = kI8 ? 1 : 2;  // bytes per operand element
-  const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
-  const int b_last = imax(it.n_tok * kColsPerTok - 1, 0);  // the last live column
-  const int g_b = NT <= 2 ? imin(g, b_last) : g;
-  // Column c's bytes from the operand's start (int8: i8_at's n-tile and column parts; bf16: column-major).
-  auto col_at = [&](int c) {
-    return kI8 ? (c >> 3) * ntile_stride + (c & 7) * 64 : static_cast<int64_t>(c) * kp * kElem;
-  };
-  const int b_nt1 = static_cast<int>(NT == 2 ? col_at(imin(8 + g, b_last)) - col_at(g_b) : ntile_stride);
+  const int g_b = NT == 1 ? imax(imin(g, it.n_tok * kColsPerTok - 1), 0) : g;
   const uint8_t* bp = static_cast<const uint8_t*>(it.in) + static_cast<int64_t>(g_b) * kp * kElem;
+  const int64_t ntile_stride = static_cast<int64_t>(8) * kp * kElem;  // bytes
   // int8: the group multipliers of this thread's output columns 2q, 2q + 1 (token q / 2 of each n-tile).
   auto ld_m = [](const float* a) { return FRESH ? ld_weak_f32(a) : __ldg(a); };
   const float* mp = reinterpret_cast<const float*>(static_cast<const uint8_t*>(it.in) + NT * ntile_stride) +
@@ -476,8 +469,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   // One 16-byte B load of n-tile t (k-steps 2h, 2h + 1) at p; zeros for a column past the tokens. fetch_b:
   // all of a unit's (int8) or group's (bf16) B values at p into registers, when they are loaded ahead.
   auto b_load = [&](const uint8_t* p, int t, int h) {
-    // (int8: the halves of a unit, i8_at)
-    const uint8_t* a = p + (t == 1 ? b_nt1 : t * ntile_stride) + (kI8 ? 512 : 16) * h;
+    const uint8_t* a = p + t * ntile_stride + (kI8 ? 512 : 16) * h;  // (int8: the halves of a unit, i8_at)
     return FRESH ? ld_weak_u4(a) : ld_cached_u4(a);
   };
   auto fetch_b = [&](uint4 (&bv)[NT][2], const uint8_t* p) {
