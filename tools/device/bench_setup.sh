@@ -7,7 +7,11 @@
 bundle=${BUNDLE:-build-cuda/bundle}
 # Programs carried gzip'd (e.g. the previous build's bench_cuda beside the new one, for layer_ab.sh's
 # bin=NAME variants: the tree and the bundle travel within 64 MiB together) are unpacked in place.
-for f in "$bundle"/bin/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+# (and libraries: lib/*.gz, lib/strata/plugins/*.gz, to keep the tree and the carry within 64 MB); a program
+# gzip'd with `gzip -c` comes back without its exec bit, hence the chmod.
+for f in "$bundle"/bin/*.gz "$bundle"/lib/*.gz "$bundle"/lib/strata/plugins/*.gz; do
+  [ -e "$f" ] && gunzip -f "$f" && case "$f" in */bin/*) chmod +x "${f%.gz}" ;; esac
+done
 out=${OUT:-$out_default}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$PWD/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
