@@ -5,10 +5,10 @@
 # TEST_RUNS (1) times, each into its own log (a race on the hardware may show in one run of several). A run script
 # needs no environment of its own beyond these (runs 105-112 each wrote this setup out again).
 bundle=${BUNDLE:-build-cuda/bundle}
-# Programs carried gzip'd (e.g. the previous build's bench_cuda beside the new one, for layer_ab.sh's
-# bin=NAME variants: the tree and the bundle travel within 64 MiB together) are unpacked in place.
-# (and libraries: lib/*.gz, lib/strata/plugins/*.gz, to keep the tree and the carry within 64 MB); a program
-# gzip'd with `gzip -c` comes back without its exec bit, hence the chmod.
+# Programs and libraries carried gzip'd (bin/*.gz, e.g. the previous build's bench_cuda beside the new one for
+# layer_ab.sh's bin=NAME variants; lib/*.gz, lib/strata/plugins/*.gz) are unpacked in place: the tree and the
+# bundle travel together within 64 MiB (in practice 64 MB: run151). A program gzip'd with `gzip -c` comes back
+# without its exec bit, hence the chmod.
 for f in "$bundle"/bin/*.gz "$bundle"/lib/*.gz "$bundle"/lib/strata/plugins/*.gz; do
   [ -e "$f" ] && gunzip -f "$f" && case "$f" in */bin/*) chmod +x "${f%.gz}" ;; esac
 done
