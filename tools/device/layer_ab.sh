@@ -15,6 +15,7 @@
 # same process) and logs.tgz (test_cuda.log and every bench log).
 # An H100 standing in for an H200: BENCH_ARGS='--layer --quick --rounds 5 --reserve-sms 52' (docs/benchmarks.md);
 # STANDIN=1 runs every pass on the full card and then, on an H100, again with --reserve-sms 52 (lines "[stand-in]").
+# Here, the ranges over the passes per variant and mode: tools/device/layer_summary.py summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out_default=/tmp/layer_ab
