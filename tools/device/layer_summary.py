@@ -4,8 +4,9 @@
     python3 tools/device/layer_summary.py docs/device-runs/2026-12-06/run151/summary_full.txt [more.txt ...]
     python3 tools/device/layer_summary.py --all summary.txt     # every mode, not only default and tile/block
 
-Reads the "pass N variant M [v]: ... queued: R rows X us (P%) [mode] R rows X us ..." lines (the "[stand-in] "
-prefix is allowed) and prints min-max over the passes, one line per (variant, mode).
+Reads the "pass N variant M [v]: ... queued: R rows X us (P%) [mode] R rows X us ..." lines (those with the
+"[stand-in] " prefix, STANDIN=1, as variants of their own) and prints min-max over the passes, one line per
+(variant, mode).
 """
 import collections
 import re
@@ -15,10 +16,10 @@ import sys
 def ranges(path, every_mode):
     table = collections.OrderedDict()
     for line in open(path, encoding="utf-8", errors="replace"):
-        m = re.match(r"(?:\[stand-in\] )?pass (\d+) variant (\d+) \[(.*?)\]: .*?queued: (.*)", line)
+        m = re.match(r"(\[stand-in\] )?pass (\d+) variant (\d+) \[(.*?)\]: .*?queued: (.*)", line)
         if not m:
             continue
-        variant, rest = m.group(3), m.group(4)
+        variant, rest = (m.group(1) or "") + m.group(4), m.group(5)  # (STANDIN=1: full card and stand-in apart)
         parts = re.split(r"\[([^\]]+)\] ", rest)
         modes = collections.OrderedDict([("default", parts[0])])
         for i in range(1, len(parts) - 1, 2):
@@ -41,7 +42,7 @@ def main(argv):
         print("==", path)
         for (variant, mode), rows in ranges(path, every_mode).items():
             cells = "  ".join(f"{r}r {min(x):.1f}-{max(x):.1f}" for r, x in sorted(rows.items()))
-            print(f"{variant[:40]:40s} {mode:12s} {cells}")
+            print(f"{variant[:52]:52s} {mode:12s} {cells}")
 
 
 if __name__ == "__main__":
