@@ -743,7 +743,7 @@ int wide_rows(const Settings& s, int n) {
 int grid_for(bool tc, int splits, bool gate_up, int rows, int nt = 0) {
   const bool wide = wide_launch(tc, splits, nt);
   const int per_block = wide                    ? (gate_up ? kWideRowsGateUp : kWideRowsLinear)
-                        : tc                    ? kTcRowsPerBlock * (gate_up ? 1 : kTcLinearTiles)
+                        : tc                    ? kTcRowsPerBlock * (gate_up ? kTcGateUpTiles : kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
                                                 : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
   return (rows + per_block - 1) / per_block;

@@ -29,16 +29,19 @@
 // There is no shape constraint: rows past the matrix are computed from a clamped row and never stored; columns
 // are padded to 64 with zero activations.
 //
-// Split K: a block's 4 warps split the work by parts and K slices. gate/up: one 16-row tile, warps 0-1 the gate
-// and 2-3 the up matrix, each the half of K (one matrix per warp keeps the registers low: a warp with both
-// gate and up took 192 registers, 8 warps per SM). linear: kTcLinearTiles = 4 16-row tiles (64 rows), one warp
-// each over the whole K: a GLM-5.2 down warp (K = 2048) runs 8 load batches instead of 4 with two tiles in 2
-// slices, less of it pipeline start (run32: the decode layer 57.2 -> 56.5 us queued at 1 row, 79.6 -> 77.3 at
-// 3-4 rows, the projection shape at n = 4 45.3 -> 42.6; before, 4 slices of one tile had the down pass at 39 %
-// of DRAM against gate/up's 54 %, ncu run8). A slice is a whole number of load batches (KS slices of n groups:
-// slice w is [w L, (w + 1) L) with L = U * ceil(n / (KS U))); each is summed as above, then a part's slices are
-// added in order (s0 + s1) through shared memory. The split depends only on the matrix shape and kind, never
-// on the token count, so a token's value is the same in any chunk (prefill == decode).
+// Split K: a block's 4 warps split the work by parts (a row tile of a matrix) and K slices. gate/up: two
+// 16-row tiles of h (32 rows), warps 0 and 2 the gate, 1 and 3 the up matrix of tiles 0 and 1, each over the
+// whole K (one matrix per warp keeps the registers low: a warp with both gate and up took 192 registers, 8
+// warps per SM). linear: kTcLinearTiles = 4 16-row tiles (64 rows), one warp each over the whole K. A warp over
+// the whole K runs twice the load batches of a half-K slice, less of it pipeline start, and its part needs no
+// sum of slices: the down tiles measured it first (run32: the decode layer 57.2 -> 56.5 us queued at 1 row,
+// 79.6 -> 77.3 at 3-4 rows, the projection shape at n = 4 45.3 -> 42.6; before, 4 slices of one tile had the
+// down pass at 39 % of DRAM against gate/up's 54 %, ncu run8); gate/up followed (run153; before, a 16-row tile
+// with gate and up each in 2 slices of half K). The code keeps K slices general (KS per part): a slice is a
+// whole number of load batches (KS slices of n groups: slice w is [w L, (w + 1) L) with L = U * ceil(n / (KS
+// U))); each is summed as above, then a part's slices are added in order (s0 + s1 ..) through shared memory.
+// The split depends only on the matrix shape and kind, never on the token count, so a token's value is the
+// same in any chunk (prefill == decode).
 #pragma once
 
 #include <type_traits>
@@ -132,11 +135,14 @@ __device__ __forceinline__ void i8_group(const uint4 (&w)[2], int k, uint4 bv, u
 // the matrix clamped to the last, their results never stored) and its K slice of 64-column groups,
 // [g_first, n_groups), whole batches of U. Depends on the shape only. false: the tile is past the item's rows
 // (the whole block).
-// The block's 4 warps: kParts parts x KS K slices. gate/up: one 16-row tile, part = matrix (gate, up), 2
-// slices; linear: kTcLinearTiles 16-row tiles, part = tile.
+// The block's 4 warps: kParts parts x KS K slices; a part is row tile part / kMats of matrix part % kMats.
+// gate/up: kTcGateUpTiles 16-row tiles of gate and of up (parts gate 0, up 0, gate 1, up 1); linear:
+// kTcLinearTiles 16-row tiles of its matrix. One slice (the whole K) each.
 template <bool GATE_UP>
 struct TileShape {
-  static constexpr int kParts = GATE_UP ? 2 : kTcLinearTiles;
+  static constexpr int kMats = GATE_UP ? 2 : 1;
+  static constexpr int kRowTiles = GATE_UP ? kTcGateUpTiles : kTcLinearTiles;  // 16-row tiles of the output
+  static constexpr int kParts = kMats * kRowTiles;
   static constexpr int KS = kTcWarps / kParts;
   static constexpr int U = 4;  // 64-column groups per load batch
   static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
@@ -175,10 +181,10 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
   static_assert(MT == 1 || (MT == 2 && TILES), "two row tiles per warp only in kTiles");
   const int rows_out = it.w0.rows;
   ws.part = warp / Sh::KS;
-  ws.m0 = bx * (GATE_UP ? kTcRowsPerBlock * MT : Sh::kParts * kTcRowsPerBlock * MT);
+  ws.m0 = bx * (Sh::kRowTiles * kTcRowsPerBlock * MT);
   if (ws.m0 >= rows_out) return false;
-  ws.mat = GATE_UP && ws.part == 1 ? &it.w1 : &it.w0;
-  const int tb = GATE_UP ? ws.m0 : ws.m0 + 16 * MT * ws.part;
+  ws.mat = ws.part % Sh::kMats == 1 ? &it.w1 : &it.w0;
+  const int tb = ws.m0 + 16 * MT * (ws.part / Sh::kMats);
   slice_rows<TILES>(ws, it.w0.kp / kColPad, Sh::KS, Sh::U, warp % Sh::KS, tb, g, rows_out);
   ws.tile_d = MT == 2 ? imin(tb + 16, (rows_out - 1) & ~15) - imin(tb, (rows_out - 1) & ~15) : 0;
   return true;
@@ -414,7 +420,6 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
   static_assert(MT == 1 || (MT == 2 && kI8 && TILES), "two row tiles per warp: exact mode, kTiles");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  constexpr int kParts = TileShape<GATE_UP>::kParts;
   constexpr int KS = TileShape<GATE_UP>::KS;
   constexpr int U = TileShape<GATE_UP>::U;
   constexpr bool kGrouped = FMT == kQ4G64;
@@ -785,33 +790,36 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   }
   __syncthreads();
   carry.refill();
-  // Column c of stage row i of part m (gate/up: matrix m; linear: its warp m), over the whole K; o: the output row.
-  auto total = [&](int m, int i, int c, int o) {
-    float v = stage[m * KS][i][c];
+  // Column c of stage row i of part p (row tile p / kMats of matrix p % kMats), over the whole K; o: the output row.
+  constexpr int kMats = TileShape<GATE_UP>::kMats;
+  auto total = [&](int p, int i, int c, int o) {
+    float v = stage[p * KS][i][c];
 #pragma unroll
-    for (int w = 1; w < KS; ++w) v += stage[m * KS + w][i][c];
-    if (!kGrouped) v *= __ldg((GATE_UP && m == 1 ? it.w1.scales : it.w0.scales) + imin(o, rows_out - 1));
+    for (int w = 1; w < KS; ++w) v += stage[p * KS + w][i][c];
+    if (!kGrouped) v *= __ldg((p % kMats == 1 ? it.w1.scales : it.w0.scales) + imin(o, rows_out - 1));
     return v;
   };
   const int n_tok = it.n_tok;
-  constexpr int kTiles16 = (GATE_UP ? 1 : kParts) * MT;  // 16-row tiles of the block's output
+  constexpr int kTiles16 = TileShape<GATE_UP>::kRowTiles * MT;  // 16-row tiles of the block's output
   constexpr int kRows = 16 * kTiles16;
+  static_assert((kTiles16 & (kTiles16 - 1)) == 0, "a power of two of 16-row tiles");
   for (int idx = static_cast<int>(threadIdx.x); idx < kRows * n_tok; idx += kTcWarps * 32) {
     const int i = idx & 15, tile = (idx >> 4) & (kTiles16 - 1), r = idx / kRows;
     const int o = m0 + 16 * tile + i;
     if (o >= rows_out) continue;
-    const int si = 16 * (tile % MT) + i;  // its stage row (in the part's warps: gate/up both, linear tile / MT)
+    const int si = 16 * (tile % MT) + i;  // its stage row (in the warps of its row tile tile / MT)
+    const int p0 = (tile / MT) * kMats;   // its first part (gate/up: the gate, then p0 + 1 the up matrix)
     // int8: the token's plane pairs (columns 2 r + 1: planes 2, 3; 2 r: planes 0, 1), the upper first.
-    auto token = [&](int m) {
+    auto token = [&](int p) {
       if constexpr (kI8) {
-        return total(m, si, 2 * r + 1, o) * 65536.0f + total(m, si, 2 * r, o);
+        return total(p, si, 2 * r + 1, o) * 65536.0f + total(p, si, 2 * r, o);
       } else {
-        return total(m, si, r, o);
+        return total(p, si, r, o);
       }
     };
-    const float v0 = token(GATE_UP ? 0 : tile / MT);
+    const float v0 = token(p0);
     if constexpr (GATE_UP) {
-      store_h(it, r, o, silu(v0) * token(1));
+      store_h(it, r, o, silu(v0) * token(p0 + 1));
     } else {
       it.y[static_cast<int64_t>(r) * it.y_ld + o] = v0;
     }

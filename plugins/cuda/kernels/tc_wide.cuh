@@ -11,7 +11,7 @@
 // runs), and each warp converts a weight unit once for 8 n-tiles.
 //
 // Warps: warp w takes K slice w % KS of matrix (w / KS) % kMats (gate/up: gate, up) of row tile w / (KS kMats),
-// i.e. gate/up 2 slices x 2 matrices x 2 row tiles, linear 1 slice x 8 row tiles. Each runs its slice's whole
+// i.e. gate/up 1 slice x 2 matrices x 4 row tiles, linear 1 slice x 8 row tiles. Each runs its slice's whole
 // batches of 4 groups with its weights in registers, one rolling batch (a unit's words of the next batch load
 // as soon as the unit is converted), in step with the block: batch j of every slice is staged (stage
 // j % kWideStages) before any warp computes it; a warp whose slice has fewer

@@ -124,15 +124,17 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineStored, kTi
 // end, in the same clock.
 enum : int { kPrepStampFirst, kPrepStampLast, kPrepStampWords };
 
-// Tensor-core kernels: a block is one 16-row tile (gate/up: 2 warps per matrix, each half of K) or
-// kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile) (tc_q4.cuh).
+// Tensor-core kernels: a block is kTcGateUpTiles 16-row tiles of gate and of up (gate/up: a warp per tile and
+// matrix) or kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile), each warp over the whole
+// K (tc_q4.cuh).
 constexpr int kTcWarps = 4;
-constexpr int kTcRowsPerBlock = 16;
+constexpr int kTcRowsPerBlock = 16;  // rows of a tile
+constexpr int kTcGateUpTiles = 2;
 constexpr int kTcLinearTiles = 4;
-// The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 rows of gate
+// The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 64 rows of gate
 // and of up, or 128 rows of a linear matrix.
 constexpr int kWideNt = 8;
-constexpr int kWideRowsGateUp = 32;
+constexpr int kWideRowsGateUp = 64;
 constexpr int kWideRowsLinear = 128;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
 constexpr int kSimtWarps = 8;
