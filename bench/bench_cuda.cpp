@@ -487,8 +487,9 @@ int main(int argc, char** argv) {
               const auto t = b.time_expert_group(x.data(), rows, H, static_cast<int32_t>(g.tasks.size()),
                                                  g.tasks.data(), 1, 100, &rec);
               if (pass == 0) continue;
-              // (a tile's rows: gate/up 32 or 64 of F, down 64 or 128 of H; WARP_ROWS)
-              const int rows_gu = 32 * b.settings().layer_mt_gu, rows_dn = 64 * b.settings().layer_mt_dn;
+              // (a tile's rows: gate/up 16 or 32 of F (32 with one K slice), down 64 or 128 of H; WARP_ROWS)
+              const int rows_gu = 32 / b.settings().gate_up_slices * b.settings().layer_mt_gu;
+              const int rows_dn = 64 * b.settings().layer_mt_dn;
               const int n_gu_tiles = layer_experts * static_cast<int>((F + rows_gu - 1) / rows_gu);
               const TimelineSummary sm = summarize_timeline(rec, n_gu_tiles);
               if (!timeline_csv.empty()) append_timeline_csv(csv, rec, rows, pass, l, n_gu_tiles, rows_gu, rows_dn);

@@ -119,6 +119,16 @@ struct Settings {
   // with every B value it loads (half the B loads and L1 fills per weight byte; gate/up tiles of 32 rows, down
   // tiles of 128). Same results bit for bit. STRATA_CUDA_LAYER_WARP_ROWS=16 (1, 1), 32 (2, 2) or 32/16 (2, 1).
   int layer_mt_gu = 1, layer_mt_dn = 1;
+  // K slices per gate/up matrix of the tensor-core kernels (narrow, wide and the layer kernel's gate/up tiles;
+  // kernels/tc_q4.cuh): 2 (the default) a block is one 16-row tile of h, each matrix in 2 warps of half K; 1 a
+  // block is two 16-row tiles, each matrix's tile in one warp over the whole K (wide blocks of 64 rows instead
+  // of 32). The two give different bits (the order of the sums), prefill == decode within either. H100, run153,
+  // against 2: the exact wide kernels (16-256 rows per expert) 11-12 % faster, W4A16 at 1-4 rows 3-5 % faster;
+  // the GLM-5.2 decode layer 4-5 us slower at 1-4 rows on the full card (64.0 -> 68.0 us queued at 1 row) and
+  // 0.8-4 us faster on the H200 stand-in (--reserve-sms 52: 71.9 -> 71.1 at 1 row, 84.9 -> 80.9 at 3-4 rows),
+  // 8 rows 13 and 9 us slower; the real H200 not measured. With 1 the layer kernel runs one 16-row tile per
+  // warp (STRATA_CUDA_LAYER_WARP_ROWS is ignored). STRATA_CUDA_GATE_UP_SLICES=1 or 2.
+  int gate_up_slices = 2;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;

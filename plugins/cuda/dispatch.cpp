@@ -511,6 +511,16 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_mt_gu = std::strcmp(v, "32") == 0 || std::strcmp(v, "32/16") == 0 ? 2 : 1;
     settings_.layer_mt_dn = std::strcmp(v, "32") == 0 ? 2 : 1;
   }
+  if (std::getenv("STRATA_CUDA_GATE_UP_SLICES") != nullptr) {
+    const int ksg = env_int("STRATA_CUDA_GATE_UP_SLICES", 1, 2, 0, settings_.gate_up_slices);
+    if (ksg == 0) {
+      invalid(std::string("create: STRATA_CUDA_GATE_UP_SLICES is '") + std::getenv("STRATA_CUDA_GATE_UP_SLICES") +
+              "'; expected 1 or 2 (K slices per gate/up matrix of the tensor-core kernels)");
+    }
+    settings_.gate_up_slices = ksg;
+  }
+  // (the layer kernel's instances with one gate/up K slice have one 16-row tile per warp)
+  if (settings_.gate_up_slices == 1) settings_.layer_mt_gu = settings_.layer_mt_dn = 1;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -740,10 +750,11 @@ int wide_rows(const Settings& s, int n) {
   return n % kWideTok > chunk_capacity(kI8Splits) ? n : n / kWideTok * kWideTok;
 }
 
-int grid_for(bool tc, int splits, bool gate_up, int rows, int nt = 0) {
+// ksg: the tensor-core gate/up kernels' K slices (Settings::gate_up_slices).
+int grid_for(bool tc, int splits, bool gate_up, int rows, int nt = 0, int ksg = 2) {
   const bool wide = wide_launch(tc, splits, nt);
-  const int per_block = wide                    ? (gate_up ? kWideRowsGateUp : kWideRowsLinear)
-                        : tc                    ? kTcRowsPerBlock * (gate_up ? kTcGateUpTiles : kTcLinearTiles)
+  const int per_block = wide                    ? (gate_up ? wide_gate_up_rows(ksg) : kWideRowsLinear)
+                        : tc                    ? (gate_up ? tc_gate_up_rows(ksg) : kTcRowsPerBlock * kTcLinearTiles)
                         : splits == kGemvSplits ? kGemvWarps * (gate_up ? kGemvRowsGateUp : kGemvRowsLinear)
                                                 : kSimtWarps * (gate_up ? kSimtRowsGateUp : kSimtRowsLinear);
   return (rows + per_block - 1) / per_block;
@@ -975,7 +986,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
         p.items.push_back(it);
       }
       l.n_items = static_cast<int>(p.items.size() - l.first_item);
-      l.grid_x = grid_for(key.tc, key.splits, gate_up, max_rows, nt);
+      l.grid_x = grid_for(key.tc, key.splits, gate_up, max_rows, nt, settings_.gate_up_slices);
       p.launches.push_back(l);
     }
   };
@@ -1228,6 +1239,7 @@ void CudaBackend::launch_signature(std::string& k, const Plan& p) const {
   put(p.layer);
   put(static_cast<uint64_t>(p.layer ? layer_persistent_for(p.launches[0].nt, layer_tiles(p)) : 0));  // (grid, mode)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_mt_gu * 4 + settings_.layer_mt_dn : 0));  // (instance, tiles)
+  put(static_cast<uint64_t>(settings_.gate_up_slices));  // (the gate/up instances)
   put(p.layer && layer_lean_for(p.launches[0].nt));  // (its instances: lean or B one unit ahead)
   put(static_cast<uint64_t>(p.layer ? settings_.layer_sms : 0));  // (the persistent grid)
   put(p.sync_off);
@@ -1335,8 +1347,9 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);
-    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, mg, md, lw, on)
-                                             : launch_layer_q4row_tc(gu.nt, lean, mg, md, lw, on);
+    const int ksg = settings_.gate_up_slices;
+    const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, mg, md, ksg, lw, on)
+                                             : launch_layer_q4row_tc(gu.nt, lean, mg, md, ksg, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
                      std::to_string(gu.n_items) + " experts)");
     return;
@@ -1353,14 +1366,16 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
       if (wide_launch(l.tc, l.splits, l.nt)) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_wide" : "_q4row_wide");
-        e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, items, n, l.grid_x, on)
-                : launch_wide_q4row_tc(l.gate_up, l.tiles, items, n, l.grid_x, on);
+        const int ksg = settings_.gate_up_slices;
+        e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, ksg, items, n, l.grid_x, on)
+                : launch_wide_q4row_tc(l.gate_up, l.tiles, ksg, items, n, l.grid_x, on);
       } else if (l.tc) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {
-          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on)
-                  : launch_gate_up_q4row_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on);
+          const int ksg = settings_.gate_up_slices;
+          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, l.tiles, ksg, items, n, l.grid_x, on)
+                  : launch_gate_up_q4row_tc(l.splits, l.nt, l.tiles, ksg, items, n, l.grid_x, on);
         } else {
           e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on)
                   : launch_linear_q4row_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on);

@@ -609,10 +609,11 @@ TEST_CASE("cuda expert_group: mixed formats in one group and within one expert")
   }
 }
 
-static void gpu_case_4(const PluginRecord* rec) {
+static void gpu_case_4(const PluginRecord* rec, const char* gate_up_slices) {
   auto ref = cpu_reference();
-  auto exact = make_backend(*rec);
-  auto w4 = make_cuda_with_env(*rec, "STRATA_CUDA_W4A16_MIN_ROWS", "16");
+  auto exact = make_cuda_with_env(*rec, "STRATA_CUDA_GATE_UP_SLICES", gate_up_slices);
+  auto w4 = make_cuda_with_envs(*rec, {{"STRATA_CUDA_W4A16_MIN_ROWS", "16"},
+                                       {"STRATA_CUDA_GATE_UP_SLICES", gate_up_slices}});
   std::mt19937 rng(16);
   for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
     for (const auto& hidden_ffn : {std::pair<int64_t, int64_t>{256, 128}, {130, 200}, {2048, 768}}) {
@@ -645,7 +646,10 @@ static void gpu_case_4(const PluginRecord* rec) {
 TEST_CASE("cuda W4A16 path (STRATA_CUDA_W4A16_MIN_ROWS): within its tolerance; smaller experts stay exact") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
-    gpu_case_4(rec);
+    for (const char* slices : {"2", "1"}) {  // (gate/up K slices: the default, and one)
+      CAPTURE(slices);
+      gpu_case_4(rec, slices);
+    }
   }
 }
 
@@ -884,7 +888,11 @@ static Group on_device(const Backend& b, const Group& g, std::vector<ResidentMat
 static void gpu_case_layer(const PluginRecord* rec,
                            const std::vector<std::pair<const char*, const char*>>& env) {
   auto layer = make_cuda_with_envs(*rec, env);
-  auto passes = make_cuda_with_env(*rec, "STRATA_CUDA_LAYER", "0");
+  // (the separate launches with the same gate/up K slices: the other setting gives other bits)
+  std::vector<std::pair<const char*, const char*>> passes_env = {{"STRATA_CUDA_LAYER", "0"}};
+  for (const auto& kv : env)
+    if (std::string(kv.first) == "STRATA_CUDA_GATE_UP_SLICES") passes_env.push_back(kv);
+  auto passes = make_cuda_with_envs(*rec, passes_env);
   auto ref = cpu_reference();
   std::mt19937 rng(2027);
   for (WeightFormat f : {WeightFormat::Q4_G64, WeightFormat::Q4_ROW}) {
@@ -1020,7 +1028,14 @@ TEST_CASE(
                           {"STRATA_CUDA_LAYER_LEAN", "1"}},
                          {{"STRATA_CUDA_LAYER_WARP_ROWS", "32/16"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"}},
                          {{"STRATA_CUDA_LAYER_WARP_ROWS", "32/16"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"},
-                          {"STRATA_CUDA_LAYER_LEAN", "0"}}};
+                          {"STRATA_CUDA_LAYER_LEAN", "0"}},
+                         // gate/up in one K slice (tiles of 32 rows of h, each warp over the whole K): a block
+                         // per tile and persistent, lean and B-ahead
+                         {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "0"}},
+                         {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
+                          {"STRATA_CUDA_LAYER_LEAN", "0"}},
+                         {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
+                          {"STRATA_CUDA_LAYER_LEAN", "1"}}};
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;
@@ -1040,9 +1055,11 @@ TEST_CASE(
 // wide chunk), 16, 17 (a narrow rest of 1), 25 (16 + 9) and 40 rows. In the emulation, also that the wide kernels
 // really ran: with dynamic shared memory refused (STRATA_CUDA_EMU_NO_DYN_SMEM=1) such a group fails on the wide
 // backend and not on the narrow one.
-static void gpu_case_wide(const PluginRecord* rec) {
-  auto wide = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "9");
-  auto narrow = make_cuda_with_env(*rec, "STRATA_CUDA_WIDE_MIN_ROWS", "0");
+static void gpu_case_wide(const PluginRecord* rec, const char* gate_up_slices) {
+  auto wide = make_cuda_with_envs(*rec, {{"STRATA_CUDA_WIDE_MIN_ROWS", "9"},
+                                         {"STRATA_CUDA_GATE_UP_SLICES", gate_up_slices}});
+  auto narrow = make_cuda_with_envs(*rec, {{"STRATA_CUDA_WIDE_MIN_ROWS", "0"},
+                                           {"STRATA_CUDA_GATE_UP_SLICES", gate_up_slices}});
   auto ref = cpu_reference();
   std::mt19937 rng(1616);
   const std::vector<int> counts = {16, 0, 40, 3, 33, 12, 29};
@@ -1097,7 +1114,14 @@ static void gpu_case_wide(const PluginRecord* rec) {
 TEST_CASE("cuda wide exact kernels (prefill, 16-token chunks): the narrow kernels' bits, within 1e-5") {
   for (const PluginRecord* rec : cuda_backends()) {
     CAPTURE(rec->name);
-    gpu_case_wide(rec);
+    // (gate/up in 2 K slices, the default, and in 1: blocks of 32 / 64 rows; bits of their own)
+    for (const char* slices : {"2", "1"}) {
+      CAPTURE(slices);
+      gpu_case_wide(rec, slices);
+    }
+    // Another count of slices is refused by name.
+    CHECK_THROWS_WITH(make_cuda_with_env(*rec, "STRATA_CUDA_GATE_UP_SLICES", "4"),
+                      doctest::Contains("STRATA_CUDA_GATE_UP_SLICES is '4'; expected 1 or 2"));
   }
 }
 

@@ -5,9 +5,9 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items,
-                                 int grid_x, const Queue& on) {
-  return launch_tc_q4<kQ4G64, true>(splits, nt, tiles, items, n_items, grid_x, on);
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool tiles, int ksg, const WorkItem* items, int n_items,
+                                    int grid_x, const Queue& on) {
+  return launch_tc_q4<kQ4G64, true>(splits, nt, tiles, ksg, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

@@ -4,8 +4,8 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_layer_q4row_tc(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on) {
-  return launch_tc_q4_layer<kQ4Row>(nt, lean, mg, md, lw, on);
+cudaError_t launch_layer_q4row_tc(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on) {
+  return launch_tc_q4_layer<kQ4Row>(nt, lean, mg, md, ksg, lw, on);
 }
 
 }  // namespace strata_cuda

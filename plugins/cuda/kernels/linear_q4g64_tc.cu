@@ -7,7 +7,7 @@ namespace strata_cuda {
 
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items,
                                  int grid_x, const Queue& on) {
-  return launch_tc_q4<kQ4G64, false>(splits, nt, tiles, items, n_items, grid_x, on);
+  return launch_tc_q4<kQ4G64, false>(splits, nt, tiles, 2, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

@@ -40,12 +40,12 @@ namespace strata_cuda {
 
 // The first two batches of the tile of ticket t into r (none past the last ticket or past its item's rows);
 // how many.
-template <int FMT, int MG, int MD>
+template <int FMT, int MG, int MD, int KSG>
 __device__ __forceinline__ int prime_layer_tile(const LayerWork& lw, int t, I8Regs& r) {
   const int n_gu = lw.n_items * lw.gu_tiles;
   if (t < n_gu) {
     const int i = t / lw.gu_tiles;
-    return prime_i8_tile<FMT, true, MG>(lw.items[i], t - i * lw.gu_tiles, r);
+    return prime_i8_tile<FMT, true, MG, KSG>(lw.items[i], t - i * lw.gu_tiles, r);
   }
   const int d = t - n_gu, i = d / lw.dn_tiles;
   if (i >= lw.n_items) return 0;
@@ -69,7 +69,7 @@ static __device__ STRATA_NOINLINE void write_timeline(const LayerWork& lw, int t
 // a block would hold a ticket it cannot start for a whole tile), publishes it before the epilogue's staging,
 // and every thread loads its warp's first two batches of that tile into the weight registers right after the
 // staging barrier, so they arrive while this tile's epilogue (and a gate/up tile's count and encoding) runs.
-template <int FMT, int MG, int MD>
+template <int FMT, int MG, int MD, int KSG>
 struct LayerCarry {
   static constexpr bool kOn = true;
   const LayerWork& lw;
@@ -92,7 +92,7 @@ struct LayerCarry {
   __device__ __forceinline__ void refill() {
     if (!lw.persistent) return;  // (next_all stays past the last ticket: the block ends after this tile)
     next_all = *s_next;
-    primed_ = prime_layer_tile<FMT, MG, MD>(lw, next_all, r);
+    primed_ = prime_layer_tile<FMT, MG, MD, KSG>(lw, next_all, r);
   }
   __device__ __forceinline__ void skip() {  // a tile past its item's rows (a narrower item than the widest)
     before_stage();  // (near_end was never reached)
@@ -108,12 +108,14 @@ struct LayerCarry {
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
 // MG, MD: 16-row tiles per warp (tc_q4_tile's MT) of the gate/up and the down tiles (1: a gate/up tile is 32
-// rows of h, a down tile 64; 2: 64 and 128 rows; lw's tile counts are of those).
-template <int FMT, int NT, bool LEAN = false, int MG = 1, int MD = 1>
+// rows of h, a down tile 64; 2: 64 and 128 rows; lw's tile counts are of those). KSG: the gate/up tiles' K
+// slices (TileShape; 1: tiles of 32 rows of h, only with MG = MD = 1).
+template <int FMT, int NT, bool LEAN = false, int MG = 1, int MD = 1, int KSG = 2>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
   constexpr bool kAheadB = !LEAN;
-  constexpr int kGroupTiles = 64 / (kTcRowsPerBlock * kTcGateUpTiles * MG);  // gate/up tiles per 64-row group of h
+  constexpr int kGroupTiles = 64 / (kTcRowsPerBlock * TileShape<true, KSG>::kRowTiles * MG);  // per 64 rows of h
+  static_assert(kGroupTiles >= 1, "gate/up tiles within a 64-row group of h");
   grid_dep_launch();
   __shared__ int s_ticket, s_last;
   __shared__ float s_stage[kTcWarps * 16 * (MG > MD ? MG : MD) * (NT * 8 + 1)];  // (tc_q4_tile's Stage)
@@ -137,10 +139,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, tr
     __syncthreads();  // the previous tile's shared memory (its staging, s_ticket, s_last) is read
     mark(kTimelineBegin);
     if (lw.timeline != nullptr && threadIdx.x == 0) s_times[kTimelineInputs] = 0;
-    LayerCarry<FMT, MG, MD> carry{lw, regs, primed, &s_ticket, -1, n_all, s_stage};
+    LayerCarry<FMT, MG, MD, KSG> carry{lw, regs, primed, &s_ticket, -1, n_all, s_stage};
     if (t < n_gu) {
       const int i = t / lw.gu_tiles, bx = t - i * lw.gu_tiles, grp = bx / kGroupTiles;
-      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true, MG>(
+      tc_q4_tile<FMT, kI8Splits, NT, true, false, kAheadB, true, MG, KSG>(
           lw.items[i], bx,
           [&] {
             grid_dep_wait();
@@ -228,23 +230,25 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
 }
 
 // lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); mg, md: its MG, MD (lw's tile
-// counts of those sizes): 1 and 1, 2 and 1, or 2 and 2.
+// counts of those sizes): 1 and 1, 2 and 1, or 2 and 2; ksg: its KSG (2, or 1 with mg = md = 1).
 template <int FMT>
-cudaError_t launch_tc_q4_layer(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on) {
+cudaError_t launch_tc_q4_layer(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
-  auto with = [&](auto mg_tag, auto md_tag) {
-    constexpr int MG = decltype(mg_tag)::value, MD = decltype(md_tag)::value;
-    if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true, MG, MD>>(lw, on);
-    if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, MG, MD>>(lw, on);
-    if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, MG, MD>>(lw, on);
-    if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, false, MG, MD>>(lw, on);
+  auto with = [&](auto mg_tag, auto md_tag, auto ksg_tag) {
+    constexpr int MG = decltype(mg_tag)::value, MD = decltype(md_tag)::value, K = decltype(ksg_tag)::value;
+    if (nt == 1 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, true, MG, MD, K>>(lw, on);
+    if (nt == 1) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 1, false, MG, MD, K>>(lw, on);
+    if (nt == 2 && lean) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, true, MG, MD, K>>(lw, on);
+    if (nt == 2) return launch_layer_instance<&tc_q4_layer_kernel<FMT, 2, false, MG, MD, K>>(lw, on);
     return cudaErrorInvalidValue;
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if (mg == 1 && md == 1) return with(One{}, One{});
-  if (mg == 2 && md == 1) return with(Two{}, One{});
-  if (mg == 2 && md == 2) return with(Two{}, Two{});
+  if (ksg == 1) return mg == 1 && md == 1 ? with(One{}, One{}, One{}) : cudaErrorInvalidValue;
+  if (ksg != 2) return cudaErrorInvalidValue;
+  if (mg == 1 && md == 1) return with(One{}, One{}, Two{});
+  if (mg == 2 && md == 1) return with(Two{}, One{}, Two{});
+  if (mg == 2 && md == 2) return with(Two{}, Two{}, Two{});
   return cudaErrorInvalidValue;
 }
 

@@ -29,19 +29,20 @@
 // There is no shape constraint: rows past the matrix are computed from a clamped row and never stored; columns
 // are padded to 64 with zero activations.
 //
-// Split K: a block's 4 warps split the work by parts (a row tile of a matrix) and K slices. gate/up: two
-// 16-row tiles of h (32 rows), warps 0 and 2 the gate, 1 and 3 the up matrix of tiles 0 and 1, each over the
-// whole K (one matrix per warp keeps the registers low: a warp with both gate and up took 192 registers, 8
-// warps per SM). linear: kTcLinearTiles = 4 16-row tiles (64 rows), one warp each over the whole K. A warp over
-// the whole K runs twice the load batches of a half-K slice, less of it pipeline start, and its part needs no
-// sum of slices: the down tiles measured it first (run32: the decode layer 57.2 -> 56.5 us queued at 1 row,
-// 79.6 -> 77.3 at 3-4 rows, the projection shape at n = 4 45.3 -> 42.6; before, 4 slices of one tile had the
-// down pass at 39 % of DRAM against gate/up's 54 %, ncu run8); gate/up followed (run153; before, a 16-row tile
-// with gate and up each in 2 slices of half K). The code keeps K slices general (KS per part): a slice is a
+// Split K: a block's 4 warps split the work by parts (a 16-row tile of a matrix) and K slices. linear:
+// kTcLinearTiles = 4 16-row tiles (64 rows), one warp each over the whole K (since run32: a GLM-5.2 down warp
+// runs 8 load batches instead of 4 with two tiles in 2 slices, less of it pipeline start: the decode layer
+// 57.2 -> 56.5 us queued at 1 row, 79.6 -> 77.3 at 3-4 rows, the projection shape at n = 4 45.3 -> 42.6;
+// before, 4 slices of one tile had the down pass at 39 % of DRAM against gate/up's 54 %, ncu run8). gate/up
+// (one matrix per warp keeps the registers low: a warp with both gate and up took 192 registers, 8 warps per
+// SM), in KSG K slices (Settings::gate_up_slices): 2 (the default) one 16-row tile of h, warps 0-1 the gate and
+// 2-3 the up matrix, each the half of K; 1: two 16-row tiles (32 rows), warps 0 and 2 the gate, 1 and 3 the up
+// matrix of tiles 0 and 1, each over the whole K (run153, an H100: the wide kernels at 16-256 rows 11-12 %
+// faster; the decode layer 4-5 us slower on the full card and 1-5 us faster on the H200 stand-in). A slice is a
 // whole number of load batches (KS slices of n groups: slice w is [w L, (w + 1) L) with L = U * ceil(n / (KS
-// U))); each is summed as above, then a part's slices are added in order (s0 + s1 ..) through shared memory.
-// The split depends only on the matrix shape and kind, never on the token count, so a token's value is the
-// same in any chunk (prefill == decode).
+// U))); each is summed as above, then a part's slices are added in order (s0 + s1) through shared memory. The
+// split depends only on the matrix shape and kind and the setting, never on the token count, so a token's
+// value is the same in any chunk (prefill == decode); the two gate/up splits give different bits.
 #pragma once
 
 #include <type_traits>
@@ -135,17 +136,20 @@ __device__ __forceinline__ void i8_group(const uint4 (&w)[2], int k, uint4 bv, u
 // the matrix clamped to the last, their results never stored) and its K slice of 64-column groups,
 // [g_first, n_groups), whole batches of U. Depends on the shape only. false: the tile is past the item's rows
 // (the whole block).
-// The block's 4 warps: kParts parts x KS K slices; a part is row tile part / kMats of matrix part % kMats.
-// gate/up: kTcGateUpTiles 16-row tiles of gate and of up (parts gate 0, up 0, gate 1, up 1); linear:
-// kTcLinearTiles 16-row tiles of its matrix. One slice (the whole K) each.
-template <bool GATE_UP>
+// The block's 4 warps: kParts parts x KS K slices (warp w: slice w % KS of part w / KS); a part is 16-row tile
+// part / kMats of matrix part % kMats. gate/up: KSG slices (2: one row tile, parts gate and up; 1: two row
+// tiles, parts gate 0, up 0, gate 1, up 1); linear: kTcLinearTiles row tiles of its matrix, one slice each
+// (KSG does not apply: linear instances take the default).
+template <bool GATE_UP, int KSG = 2>
 struct TileShape {
   static constexpr int kMats = GATE_UP ? 2 : 1;
-  static constexpr int kRowTiles = GATE_UP ? kTcGateUpTiles : kTcLinearTiles;  // 16-row tiles of the output
+  static constexpr int KS = GATE_UP ? KSG : 1;
+  static constexpr int kRowTiles = kTcWarps / (kMats * KS);  // 16-row tiles of the block's output
   static constexpr int kParts = kMats * kRowTiles;
-  static constexpr int KS = kTcWarps / kParts;
   static constexpr int U = 4;  // 64-column groups per load batch
-  static_assert(kParts * KS == kTcWarps && (kParts & (kParts - 1)) == 0, "parts of KS warps");
+  static_assert((KSG == 1 || KSG == 2) && kParts * KS == kTcWarps && (kRowTiles & (kRowTiles - 1)) == 0,
+                "parts of KS warps");
+  static_assert(!GATE_UP || kRowTiles * kTcRowsPerBlock == tc_gate_up_rows(KSG), "work.hpp's block rows");
 };
 struct WarpSlice {
   const DevMatrix* mat;
@@ -175,9 +179,9 @@ __device__ __forceinline__ void slice_rows(WarpSlice& ws, int n_all, int ks, int
 }
 // MT (1, 2): 16-row tiles per warp (2: the layer kernel's two-row-tile form, TILES only; a block's rows double,
 // and the warp's second tile is the next 16 rows of its matrix, clamped to the last).
-template <bool GATE_UP, bool TILES = false, int MT = 1>
+template <bool GATE_UP, bool TILES = false, int MT = 1, int KSG = 2>
 __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp, int g, WarpSlice& ws) {
-  using Sh = TileShape<GATE_UP>;
+  using Sh = TileShape<GATE_UP, KSG>;
   static_assert(MT == 1 || (MT == 2 && TILES), "two row tiles per warp only in kTiles");
   const int rows_out = it.w0.rows;
   ws.part = warp / Sh::KS;
@@ -345,11 +349,11 @@ struct I8Regs {
 // Loads the first batches (up to 2) of tile bx of `it` (this thread's warp's slice) into r; returns how many.
 // (The layer kernel's: exact, up to 2 n-tiles, resident tiles, so its scales are TIED and its strides TILES.)
 // MT: row tiles per warp (MT = 2: batches of one unit of both, load_i8_pair).
-template <int FMT, bool GATE_UP, int MT = 1>
+template <int FMT, bool GATE_UP, int MT = 1, int KSG = 2>
 __device__ __forceinline__ int prime_i8_tile(const WorkItem& it, int bx, I8Regs& r) {
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, true, MT>(it, bx, warp, lane >> 2, ws)) return 0;
+  if (!warp_slice<GATE_UP, true, MT, KSG>(it, bx, warp, lane >> 2, ws)) return 0;
   constexpr bool kGrouped = FMT == kQ4G64;
   WeightStream st = weight_stream<kGrouped, MT == 1, true>(ws, lane & 3);
   const int nb = (ws.n_groups - ws.g_first) / (MT == 1 ? TileShape<GATE_UP>::U : 2);
@@ -411,7 +415,7 @@ __device__ __forceinline__ I8Regs& pick_regs(Carry& carry, I8Regs& own) {
 // 2, each B value loaded feeds both (half the B loads per weight byte) and the block's rows double; every row's
 // arithmetic, K slices and order are the same, so the same bits.
 template <int FMT, int S, int NT, bool GATE_UP, bool FRESH = false, bool AHEAD_B = (NT <= 2), bool TILES = false,
-          int MT = 1, class Wait, class Carry = NoCarry>
+          int MT = 1, int KSG = 2, class Wait, class Carry = NoCarry>
 __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wait_inputs, Carry&& carry = Carry{}) {
   static_assert(FMT == kQ4G64 || FMT == kQ4Row, "int4 formats only");
   static_assert(kTcWarps == 4, "4 warps per tile");
@@ -420,15 +424,16 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   static_assert(kI8 || !std::decay_t<Carry>::kOn, "a carry only in exact mode");
   static_assert(MT == 1 || (MT == 2 && kI8 && TILES), "two row tiles per warp: exact mode, kTiles");
   constexpr int kColsPerTok = kI8 ? kI8Planes : 1;  // operand columns per token
-  constexpr int KS = TileShape<GATE_UP>::KS;
-  constexpr int U = TileShape<GATE_UP>::U;
+  using Shape = TileShape<GATE_UP, KSG>;
+  constexpr int KS = Shape::KS;
+  constexpr int U = Shape::U;
   constexpr bool kGrouped = FMT == kQ4G64;
 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, q = lane & 3;
   const int rows_out = it.w0.rows;
   WarpSlice ws;
-  if (!warp_slice<GATE_UP, TILES, MT>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
+  if (!warp_slice<GATE_UP, TILES, MT, KSG>(it, bx, warp, g, ws)) {  // the whole block (m0 depends on the block only)
     carry.skip();
     return;
   }
@@ -791,7 +796,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
   __syncthreads();
   carry.refill();
   // Column c of stage row i of part p (row tile p / kMats of matrix p % kMats), over the whole K; o: the output row.
-  constexpr int kMats = TileShape<GATE_UP>::kMats;
+  constexpr int kMats = Shape::kMats;
   auto total = [&](int p, int i, int c, int o) {
     float v = stage[p * KS][i][c];
 #pragma unroll
@@ -800,7 +805,7 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
     return v;
   };
   const int n_tok = it.n_tok;
-  constexpr int kTiles16 = TileShape<GATE_UP>::kRowTiles * MT;  // 16-row tiles of the block's output
+  constexpr int kTiles16 = Shape::kRowTiles * MT;  // 16-row tiles of the block's output
   constexpr int kRows = 16 * kTiles16;
   static_assert((kTiles16 & (kTiles16 - 1)) == 0, "a power of two of 16-row tiles");
   for (int idx = static_cast<int>(threadIdx.x); idx < kRows * n_tok; idx += kTcWarps * 32) {
@@ -827,37 +832,44 @@ __device__ __forceinline__ void tc_q4_tile(const WorkItem& it, int bx, Wait&& wa
 }
 
 // TILES: every matrix of the launch is resident in kTiles (compile-time strides; exact mode only).
-template <int FMT, int S, int NT, bool GATE_UP, bool TILES = false>
+// KSG: gate/up K slices (TileShape; linear: the default only).
+template <int FMT, int S, int NT, bool GATE_UP, bool TILES = false, int KSG = 2>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(S, NT, GATE_UP))
     tc_q4_kernel(const WorkItem* __restrict__ items) {
   grid_dep_launch();
-  tc_q4_tile<FMT, S, NT, GATE_UP, false, (NT <= 2), TILES>(items[blockIdx.y], static_cast<int>(blockIdx.x),
-                                                           [] { grid_dep_wait(); });
+  tc_q4_tile<FMT, S, NT, GATE_UP, false, (NT <= 2), TILES, 1, KSG>(items[blockIdx.y], static_cast<int>(blockIdx.x),
+                                                                   [] { grid_dep_wait(); });
 }
 
-// Launches the instance for (splits, nt, tiles); cudaErrorInvalidValue for a combination that is not
+// Launches the instance for (splits, nt, tiles, ksg); cudaErrorInvalidValue for a combination that is not
 // instantiated. tiles: every matrix of the items is resident in kTiles (exact mode: the TILES instances;
-// W4A16 has none and reads them as any layout).
+// W4A16 has none and reads them as any layout). ksg: gate/up K slices, 1 or 2 (linear: ignored).
 template <int FMT, bool GATE_UP>
-cudaError_t launch_tc_q4(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_tc_q4(int splits, int nt, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                          const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(n_items));
   const dim3 block(kTcWarps * 32);
-  auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
-  auto exact = [&](auto tiles_tag) {
-    constexpr bool T = decltype(tiles_tag)::value;
-    if (nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP, T>);
-    if (nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP, T>);
-    if (nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP, T>);
-    if (nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP, T>);
+  auto with = [&](auto ksg_tag) {
+    constexpr int K = decltype(ksg_tag)::value;
+    auto run = [&](auto kernel) { return launch_kernel(kernel, grid, block, on, true, items); };
+    auto exact = [&](auto tiles_tag) {
+      constexpr bool T = decltype(tiles_tag)::value;
+      if (nt == 1) return run(&tc_q4_kernel<FMT, kI8Splits, 1, GATE_UP, T, K>);
+      if (nt == 2) return run(&tc_q4_kernel<FMT, kI8Splits, 2, GATE_UP, T, K>);
+      if (nt == 3) return run(&tc_q4_kernel<FMT, kI8Splits, 3, GATE_UP, T, K>);
+      if (nt == 4) return run(&tc_q4_kernel<FMT, kI8Splits, 4, GATE_UP, T, K>);
+      return cudaErrorInvalidValue;
+    };
+    if (splits == kI8Splits) return tiles ? exact(std::true_type{}) : exact(std::false_type{});
+    if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP, false, K>);
+    if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP, false, K>);
+    if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP, false, K>);
     return cudaErrorInvalidValue;
   };
-  if (splits == kI8Splits) return tiles ? exact(std::true_type{}) : exact(std::false_type{});
-  if (splits == 1 && nt == 1) return run(&tc_q4_kernel<FMT, 1, 1, GATE_UP>);
-  if (splits == 1 && nt == 2) return run(&tc_q4_kernel<FMT, 1, 2, GATE_UP>);
-  if (splits == 1 && nt == 4) return run(&tc_q4_kernel<FMT, 1, 4, GATE_UP>);
-  return cudaErrorInvalidValue;
+  if (GATE_UP && ksg == 1) return with(std::integral_constant<int, GATE_UP ? 1 : 2>{});
+  if (ksg != 1 && ksg != 2) return cudaErrorInvalidValue;
+  return with(std::integral_constant<int, 2>{});
 }
 
 }  // namespace strata_cuda

@@ -11,7 +11,7 @@
 // runs), and each warp converts a weight unit once for 8 n-tiles.
 //
 // Warps: warp w takes K slice w % KS of matrix (w / KS) % kMats (gate/up: gate, up) of row tile w / (KS kMats),
-// i.e. gate/up 1 slice x 2 matrices x 4 row tiles, linear 1 slice x 8 row tiles. Each runs its slice's whole
+// i.e. gate/up 2 slices x 2 matrices x 2 row tiles (KSG 1: 1 x 2 x 4), linear 1 slice x 8 row tiles. Each runs its slice's whole
 // batches of 4 groups with its weights in registers, one rolling batch (a unit's words of the next batch load
 // as soon as the unit is converted), in step with the block: batch j of every slice is staged (stage
 // j % kWideStages) before any warp computes it; a warp whose slice has fewer
@@ -34,11 +34,11 @@ constexpr int kWideWarps = 8;
 constexpr int kWideStages = 2;
 constexpr int kWideColBytes = 272;  // a column's 256 operand bytes of a batch + 16 (conflict-free 16-byte reads)
 
-template <bool GATE_UP>
+template <bool GATE_UP, int KSG = 2>
 struct WideShape {
   static constexpr int NT = kWideNt;
-  static constexpr int KS = TileShape<GATE_UP>::KS;  // the narrow kernels' K slices (the same bits)
-  static constexpr int U = TileShape<GATE_UP>::U;    // groups per load batch
+  static constexpr int KS = TileShape<GATE_UP, KSG>::KS;  // the narrow kernels' K slices (the same bits)
+  static constexpr int U = TileShape<GATE_UP, KSG>::U;    // groups per load batch
   static constexpr int kMats = GATE_UP ? 2 : 1;
   static constexpr int kRowTiles = kWideWarps / (KS * kMats);
   static constexpr int kRows = 16 * kRowTiles;  // output rows of a block
@@ -48,16 +48,16 @@ struct WideShape {
   static constexpr int kMultOff = KS * kSliceBytes;  // a stage's multipliers: [KS][kTok][U] f32
   static constexpr int kStageBytes = kMultOff + KS * kTok * U * 4;
   static constexpr int kSmemBytes = kWideStages * kStageBytes;
-  static_assert(kRows == (GATE_UP ? kWideRowsGateUp : kWideRowsLinear), "work.hpp's block rows");
+  static_assert(kRows == (GATE_UP ? wide_gate_up_rows(KSG) : kWideRowsLinear), "work.hpp's block rows");
   static_assert(kWideWarps * 16 * (NT * 4 + 1) * 4 <= kSmemBytes, "the epilogue's staging fits the ring");
 };
 
 // 2 blocks per SM (128 registers; with 1 block and up to 255 registers, or 16 n-tiles per item in 1 block,
 // the GLM-5.2 layer at 512 rows per expert took 4.0 ms instead of 3.75 on an H100; with each warp's weights and
 // scales staged in shared memory too, 2 stages, also 4.0 ms).
-template <int FMT, bool GATE_UP, bool TILES>
+template <int FMT, bool GATE_UP, bool TILES, int KSG = 2>
 __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const WorkItem* __restrict__ items) {
-  using Sh = WideShape<GATE_UP>;
+  using Sh = WideShape<GATE_UP, KSG>;
   constexpr int KS = Sh::KS, U = Sh::U, NT = Sh::NT;
   constexpr bool kGrouped = FMT == kQ4G64;
   STRATA_DYN_SMEM(smem);
@@ -261,9 +261,9 @@ __global__ void __launch_bounds__(kWideWarps * 32, 2) tc_q4_wide_kernel(const Wo
 
 // Launches the wide instance (gate/up or linear; tiles: every matrix of the items resident in kTiles). Its
 // shared memory is above the default 48 KB: allowed once per device.
-template <auto kernel, bool GATE_UP>
+template <auto kernel, bool GATE_UP, int KSG = 2>
 cudaError_t launch_wide_instance(const WorkItem* items, int n_items, int grid_x, const Queue& on) {
-  constexpr unsigned kBytes = WideShape<GATE_UP>::kSmemBytes;
+  constexpr unsigned kBytes = WideShape<GATE_UP, KSG>::kSmemBytes;
   static std::atomic<uint64_t> allowed{0};  // a bit per device
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -279,10 +279,16 @@ cudaError_t launch_wide_instance(const WorkItem* items, int n_items, int grid_x,
                             dim3(kWideWarps * 32), kBytes, on, true, items);
 }
 
+// ksg: gate/up K slices (1 or 2; linear: ignored).
 template <int FMT>
-cudaError_t launch_tc_q4_wide(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_tc_q4_wide(bool gate_up, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                               const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
+  if (gate_up && ksg == 1) {
+    return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, true, true, 1>, true, 1>(items, n_items, grid_x, on)
+                 : launch_wide_instance<&tc_q4_wide_kernel<FMT, true, false, 1>, true, 1>(items, n_items, grid_x, on);
+  }
+  if (ksg != 1 && ksg != 2) return cudaErrorInvalidValue;
   if (gate_up) {
     return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, true, true>, true>(items, n_items, grid_x, on)
                  : launch_wide_instance<&tc_q4_wide_kernel<FMT, true, false>, true>(items, n_items, grid_x, on);

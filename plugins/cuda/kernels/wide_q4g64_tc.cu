@@ -3,14 +3,15 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on) {
-  return launch_tc_q4_wide<kQ4G64>(gate_up, tiles, items, n_items, grid_x, on);
+  return launch_tc_q4_wide<kQ4G64>(gate_up, tiles, ksg, items, n_items, grid_x, on);
 }
 
 unsigned wide_smem_bytes() {
-  return WideShape<true>::kSmemBytes > WideShape<false>::kSmemBytes ? WideShape<true>::kSmemBytes
-                                                                     : WideShape<false>::kSmemBytes;
+  constexpr unsigned a = WideShape<true, 1>::kSmemBytes, b = WideShape<true, 2>::kSmemBytes;
+  constexpr unsigned c = WideShape<false>::kSmemBytes;
+  return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
 }  // namespace strata_cuda

@@ -3,9 +3,9 @@
 
 namespace strata_cuda {
 
-cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on) {
-  return launch_tc_q4_wide<kQ4Row>(gate_up, tiles, items, n_items, grid_x, on);
+  return launch_tc_q4_wide<kQ4Row>(gate_up, tiles, ksg, items, n_items, grid_x, on);
 }
 
 }  // namespace strata_cuda

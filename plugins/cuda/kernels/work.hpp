@@ -124,17 +124,17 @@ enum : int { kTimelineWho, kTimelineBegin, kTimelineInputs, kTimelineStored, kTi
 // end, in the same clock.
 enum : int { kPrepStampFirst, kPrepStampLast, kPrepStampWords };
 
-// Tensor-core kernels: a block is kTcGateUpTiles 16-row tiles of gate and of up (gate/up: a warp per tile and
-// matrix) or kTcLinearTiles of them (linear: kTcWarps / kTcLinearTiles warps per tile), each warp over the whole
-// K (tc_q4.cuh).
+// Tensor-core kernels: a block is kTcLinearTiles 16-row tiles (linear: a warp per tile over the whole K) or, with
+// gate/up in ksg K slices (Settings::gate_up_slices), 2 / ksg tiles of gate and of up (ksg warps per tile and
+// matrix) (tc_q4.cuh).
 constexpr int kTcWarps = 4;
 constexpr int kTcRowsPerBlock = 16;  // rows of a tile
-constexpr int kTcGateUpTiles = 2;
 constexpr int kTcLinearTiles = 4;
-// The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 64 rows of gate
-// and of up, or 128 rows of a linear matrix.
+constexpr int tc_gate_up_rows(int ksg) { return kTcRowsPerBlock * kTcWarps / (2 * ksg); }
+// The wide exact kernels (prefill, tc_wide.cuh): items of kWideNt n-tiles (16 tokens), blocks of 32 (ksg 2) or
+// 64 (ksg 1) rows of gate and of up, or 128 rows of a linear matrix.
 constexpr int kWideNt = 8;
-constexpr int kWideRowsGateUp = 64;
+constexpr int wide_gate_up_rows(int ksg) { return 64 / ksg; }
 constexpr int kWideRowsLinear = 128;
 // SIMT kernels: 8 warps per block; a warp takes 4 rows (linear) or 2 gate+up row pairs, up to 8 tokens.
 constexpr int kSimtWarps = 8;
@@ -176,29 +176,31 @@ int kernels_ptx_version();
 // Tensor-core int4 kernels. splits: kI8Splits (exact mode) with nt in 1..4, or 1 (W4A16) with nt in {1, 2, 4};
 // tiles: every matrix of the items is resident in kTiles (exact mode then runs instances with compile-time
 // strides).
-cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
-                                    const Queue& on);
-cudaError_t launch_gate_up_q4row_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
-                                    const Queue& on);
+// ksg (gate/up): K slices, 1 or 2 (Settings::gate_up_slices; grid_x blocks of tc_gate_up_rows(ksg) rows).
+cudaError_t launch_gate_up_q4g64_tc(int splits, int nt, bool tiles, int ksg, const WorkItem* items, int n_items,
+                                    int grid_x, const Queue& on);
+cudaError_t launch_gate_up_q4row_tc(int splits, int nt, bool tiles, int ksg, const WorkItem* items, int n_items,
+                                    int grid_x, const Queue& on);
 cudaError_t launch_linear_q4g64_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
                                    const Queue& on);
 cudaError_t launch_linear_q4row_tc(int splits, int nt, bool tiles, const WorkItem* items, int n_items, int grid_x,
                                    const Queue& on);
-// The wide exact kernels (nt = kWideNt): gate/up (grid_x blocks of kWideRowsGateUp rows) or linear
-// (kWideRowsLinear rows).
-// The shared memory a wide block asks for (the larger of gate/up and linear; above 48 KB, so the device must
+// The wide exact kernels (nt = kWideNt): gate/up in ksg K slices (grid_x blocks of wide_gate_up_rows(ksg) rows)
+// or linear (kWideRowsLinear rows).
+// The shared memory a wide block asks for (the largest of gate/up and linear; above 48 KB, so the device must
 // allow it per block: cudaDevAttrMaxSharedMemoryPerBlockOptin).
 unsigned wide_smem_bytes();
-cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on);
-cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, const WorkItem* items, int n_items, int grid_x,
+cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                                  const Queue& on);
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh). mg, md: 16-row tiles per
 // warp of the gate/up and the down tiles: 1 and 1, 2 and 1, or 2 and 2 (2: gate/up tiles of 32 rows, down tiles
-// of 128; lw's tile counts are of those).
-cudaError_t launch_layer_q4g64_tc(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on);
-cudaError_t launch_layer_q4row_tc(int nt, bool lean, int mg, int md, const LayerWork& lw, const Queue& on);
+// of 128; lw's tile counts are of those). ksg: gate/up K slices (2; or 1 with mg = md = 1: gate/up tiles of 32
+// rows).
+cudaError_t launch_layer_q4g64_tc(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on);
+cudaError_t launch_layer_q4row_tc(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
 cudaError_t launch_gate_up_q4g64_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
 cudaError_t launch_gate_up_q4row_gemv(int t, const WorkItem* items, int n_items, int grid_x, const Queue& on);
