@@ -187,8 +187,11 @@ __device__ __forceinline__ bool warp_slice(const WorkItem& it, int bx, int warp,
   ws.part = warp / Sh::KS;
   ws.m0 = bx * (Sh::kRowTiles * kTcRowsPerBlock * MT);
   if (ws.m0 >= rows_out) return false;
-  ws.mat = ws.part % Sh::kMats == 1 ? &it.w1 : &it.w0;
-  const int tb = ws.m0 + 16 * MT * (ws.part / Sh::kMats);
+  // (a block of one row tile, parts 0 and 1 at most: no arithmetic on part where none is needed; sm_90: the
+  // lean 2-n-tile layer instance's spills 2 -> 13 with `part % 2` and `part / 2` there)
+  const int rt = Sh::kRowTiles == 1 ? 0 : ws.part / Sh::kMats;
+  ws.mat = GATE_UP && (Sh::kRowTiles == 1 ? ws.part == 1 : (ws.part & 1) == 1) ? &it.w1 : &it.w0;
+  const int tb = ws.m0 + 16 * MT * rt;
   slice_rows<TILES>(ws, it.w0.kp / kColPad, Sh::KS, Sh::U, warp % Sh::KS, tb, g, rows_out);
   ws.tile_d = MT == 2 ? imin(tb + 16, (rows_out - 1) & ~15) - imin(tb, (rows_out - 1) & ~15) : 0;
   return true;
