@@ -100,7 +100,8 @@ struct Settings {
   // until none is left (so a block's slot never waits on a block launch, a ticket, a work item or its first
   // loads): the next tile's ticket taken as the current tile's last two load batches begin and its first
   // weights loaded before the current tile's epilogue. Same results bit for bit. -1 (auto, the default): on at
-  // 2 n-tiles, and at 1 for a launch of at least two tiles per block the device holds at once (4 per SM). H100,
+  // 2 n-tiles, and at 1 for a launch of at least two tiles per block the device holds at once (4 per SM); off
+  // with one gate/up K slice (gate_up_slices, below). H100,
   // run127-129, with a gate/up tile's count by one fence per block: a GLM-5.2 layer (1792 tiles, 3.4 per block)
   // at 1 row 64.1-64.4 us queued against 65.0-65.5 a block per tile, 3-4 rows 69.5-70.1 against 70.4-71.1; the
   // projection shape at n = 1 (640 tiles, 1.2 per block) 18.6-19.1 us event-timed against 17.7-18.5. (With a
@@ -122,12 +123,15 @@ struct Settings {
   // K slices per gate/up matrix of the tensor-core kernels (narrow, wide and the layer kernel's gate/up tiles;
   // kernels/tc_q4.cuh): 2 (the default) a block is one 16-row tile of h, each matrix in 2 warps of half K; 1 a
   // block is two 16-row tiles, each matrix's tile in one warp over the whole K (wide blocks of 64 rows instead
-  // of 32). The two give different bits (the order of the sums), prefill == decode within either. H100, run153,
-  // against 2: the exact wide kernels (16-256 rows per expert) 11-12 % faster, W4A16 at 1-4 rows 3-5 % faster;
-  // the GLM-5.2 decode layer 4-5 us slower at 1-4 rows on the full card (64.0 -> 68.0 us queued at 1 row) and
-  // 0.8-4 us faster on the H200 stand-in (--reserve-sms 52: 71.9 -> 71.1 at 1 row, 84.9 -> 80.9 at 3-4 rows),
-  // 8 rows 13 and 9 us slower; the real H200 not measured. With 1 the layer kernel runs one 16-row tile per
-  // warp (STRATA_CUDA_LAYER_WARP_ROWS is ignored). STRATA_CUDA_GATE_UP_SLICES=1 or 2.
+  // of 32). The two give different bits (the order of the sums); prefill == decode within either. With 1 the
+  // layer kernel runs one 16-row tile per warp (STRATA_CUDA_LAYER_WARP_ROWS is ignored) and a block per tile
+  // (layer_persistent_for). H100 (runs 153-154) against 2: the exact wide kernels at 16-256 rows per expert
+  // 11-12 % faster, W4A16 at 1-4 rows 3-5 % faster; the GLM-5.2 decode layer (queued) at 1 row 1.7 us slower
+  // on the full card and 1.8 us faster on the H200 stand-in (--reserve-sms 52), at 3-4 rows 0.3-0.6 slower and
+  // 5.5 faster; at 8 rows (separate launches) 13 and 10 us slower; the projection shape 1.9-2.6 us slower. With
+  // 8 experts the layer's 512 gate/up tiles are one wave on 132 SMs (528 blocks), so the down tiles start
+  // together and end in a partial second round; with 16 experts the full card is as fast at 1 row and 4.7 us
+  // faster at 3-4 rows. The real H200 (132 SMs) not measured. STRATA_CUDA_GATE_UP_SLICES=1 or 2.
   int gate_up_slices = 2;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
@@ -162,6 +166,10 @@ class CudaBackend {
   // The layer kernel's persistent mode for a launch of `tiles` tiles at nt n-tiles (Settings::layer_persistent).
   int layer_persistent_for(int nt, int64_t tiles) const {
     if (settings_.layer_persistent >= 0) return settings_.layer_persistent;
+    // (one gate/up K slice: a block per tile measured faster at every row count, run154: H100 1 row 67.2-67.3
+    // us queued against 69.7-70.0 persistent, 3-4 rows 70.3-70.9 against 73.0-73.3; on the H200 stand-in
+    // 71.7-72.0 against 72.3-72.6 and 79.6-80.0 against 79.9-80.2)
+    if (settings_.gate_up_slices == 1) return 0;
     const int sms = settings_.layer_sms > 0 && settings_.layer_sms < sm_count_ ? settings_.layer_sms : sm_count_;
     // (4: the 1-n-tile instance's blocks per SM, tc_min_blocks in kernels/tc_q4.cuh)
     return nt == 2 || tiles >= 2 * 4 * static_cast<int64_t>(sms) ? 1 : 0;
