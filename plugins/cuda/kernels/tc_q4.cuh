@@ -37,8 +37,8 @@
 // (one matrix per warp keeps the registers low: a warp with both gate and up took 192 registers, 8 warps per
 // SM), in KSG K slices (Settings::gate_up_slices): 2 (the default) one 16-row tile of h, warps 0-1 the gate and
 // 2-3 the up matrix, each the half of K; 1: two 16-row tiles (32 rows), warps 0 and 2 the gate, 1 and 3 the up
-// matrix of tiles 0 and 1, each over the whole K (run153, an H100: the wide kernels at 16-256 rows 11-12 %
-// faster; the decode layer 4-5 us slower on the full card and 1-5 us faster on the H200 stand-in). A slice is a
+// matrix of tiles 0 and 1, each over the whole K (runs 153-154, an H100: the wide kernels at 16-256 rows 11-12 %
+// faster; the decode layer 0.3-1.7 us slower on the full card, 1.8-5.5 faster on the H200 stand-in). A slice is a
 // whole number of load batches (KS slices of n groups: slice w is [w L, (w + 1) L) with L = U * ceil(n / (KS
 // U))); each is summed as above, then a part's slices are added in order (s0 + s1) through shared memory. The
 // split depends only on the matrix shape and kind and the setting, never on the token count, so a token's

@@ -11,11 +11,11 @@
 // runs), and each warp converts a weight unit once for 8 n-tiles.
 //
 // Warps: warp w takes K slice w % KS of matrix (w / KS) % kMats (gate/up: gate, up) of row tile w / (KS kMats),
-// i.e. gate/up 2 slices x 2 matrices x 2 row tiles (KSG 1: 1 x 2 x 4), linear 1 slice x 8 row tiles. Each runs its slice's whole
-// batches of 4 groups with its weights in registers, one rolling batch (a unit's words of the next batch load
-// as soon as the unit is converted), in step with the block: batch j of every slice is staged (stage
-// j % kWideStages) before any warp computes it; a warp whose slice has fewer
-// batches (the last slice of a K that does not divide evenly) only joins the barriers. The groups past the
+// i.e. gate/up 2 slices x 2 matrices x 2 row tiles (KSG 1: 1 x 2 x 4), linear 1 slice x 8 row tiles. Each runs
+// its slice's whole batches of 4 groups with its weights in registers, one rolling batch (a unit's words of the
+// next batch load as soon as the unit is converted), in step with the block: batch j of every slice is staged
+// (stage j % kWideStages) before any warp computes it; a warp whose slice has fewer batches (the last slice of a
+// K that does not divide evenly) only joins the barriers. The groups past the
 // whole batches (K % 256 of a slice) then read their operand from global memory, as the narrow kernels do.
 #pragma once
 
