@@ -131,7 +131,8 @@ struct Settings {
   // 5.5 faster; at 8 rows (separate launches) 13 and 10 us slower; the projection shape 1.9-2.6 us slower. With
   // 8 experts the layer's 512 gate/up tiles are one wave on 132 SMs (528 blocks), so the down tiles start
   // together and end in a partial second round; with 16 experts the full card is as fast at 1 row and 4.7 us
-  // faster at 3-4 rows. The real H200 (132 SMs) not measured. STRATA_CUDA_GATE_UP_SLICES=1 or 2.
+  // faster at 3-4 rows. With the H200's waves and bandwidth per SM (run155: the stand-in with 5 experts) it is as
+  // fast as 2 at 1-2 rows and 5 % faster at 3-4 rows. The real H200 not measured. STRATA_CUDA_GATE_UP_SLICES=1|2.
   int gate_up_slices = 2;
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
