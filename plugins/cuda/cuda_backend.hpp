@@ -118,14 +118,15 @@ struct Settings {
   int layer_lean = -1;
   // 16-row tiles per warp of the layer kernel's gate/up and down tiles: 2 has each warp compute two row tiles
   // with every B value it loads (half the B loads and L1 fills per weight byte; gate/up tiles of 32 rows, down
-  // tiles of 128). Same results bit for bit. STRATA_CUDA_LAYER_WARP_ROWS=16 (1, 1), 32 (2, 2) or 32/16 (2, 1).
+  // tiles of 128). Same results bit for bit. STRATA_CUDA_LAYER_WARP_ROWS=16 (1, 1), 32 (2, 2) or 32/16 (2, 1);
+  // with one gate/up K slice (gate_up_slices) 16 or 16/32 (1, 2: down tiles of 128 rows); others are refused.
   int layer_mt_gu = 1, layer_mt_dn = 1;
   // K slices per gate/up matrix of the tensor-core kernels (narrow, wide and the layer kernel's gate/up tiles;
   // kernels/tc_q4.cuh): 2 (the default) a block is one 16-row tile of h, each matrix in 2 warps of half K; 1 a
   // block is two 16-row tiles, each matrix's tile in one warp over the whole K (wide blocks of 64 rows instead
   // of 32). The two give different bits (the order of the sums); prefill == decode within either. With 1 the
-  // layer kernel runs one 16-row tile per warp (STRATA_CUDA_LAYER_WARP_ROWS is ignored) and a block per tile
-  // (layer_persistent_for). H100 (runs 153-154) against 2: the exact wide kernels at 16-256 rows per expert
+  // layer kernel's gate/up warps take one 16-row tile (STRATA_CUDA_LAYER_WARP_ROWS 16 or 16/32) and it runs a
+  // block per tile (layer_persistent_for). H100 (runs 153-154) against 2: the exact wide kernels at 16-256 rows per expert
   // 11-12 % faster, W4A16 at 1-4 rows 3-5 % faster; the GLM-5.2 decode layer (queued) at 1 row 1.7 us slower
   // on the full card and 1.8 us faster on the H200 stand-in (--reserve-sms 52), at 3-4 rows 0.3-0.6 slower and
   // 5.5 faster; at 8 rows (separate launches) 13 and 10 us slower; the projection shape 1.9-2.6 us slower. With

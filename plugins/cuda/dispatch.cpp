@@ -507,10 +507,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     settings_.layer_lean = std::strcmp(v, "0") == 0 ? 0 : std::strcmp(v, "auto") == 0 ? -1 : 1;
   }
   settings_.layer_sms = env_int("STRATA_CUDA_LAYER_SMS", 0, 1 << 20, 0, settings_.layer_sms);
-  if (const char* v = std::getenv("STRATA_CUDA_LAYER_WARP_ROWS")) {
-    settings_.layer_mt_gu = std::strcmp(v, "32") == 0 || std::strcmp(v, "32/16") == 0 ? 2 : 1;
-    settings_.layer_mt_dn = std::strcmp(v, "32") == 0 ? 2 : 1;
-  }
   if (std::getenv("STRATA_CUDA_GATE_UP_SLICES") != nullptr) {
     const int ksg = env_int("STRATA_CUDA_GATE_UP_SLICES", 1, 2, 0, settings_.gate_up_slices);
     if (ksg == 0) {
@@ -519,8 +515,20 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     }
     settings_.gate_up_slices = ksg;
   }
-  // (the layer kernel's instances with one gate/up K slice have one 16-row tile per warp)
-  if (settings_.gate_up_slices == 1) settings_.layer_mt_gu = settings_.layer_mt_dn = 1;
+  if (const char* v = std::getenv("STRATA_CUDA_LAYER_WARP_ROWS")) {
+    // (gate/up / down 16-row tiles per warp; the layer kernel's instances: with 2 gate/up K slices 16, 32/16,
+    // 32; with 1 slice 16 and 16/32)
+    const std::string w = v;
+    const bool one = settings_.gate_up_slices == 1;
+    if (w == "16" || (!one && (w == "32/16" || w == "32")) || (one && w == "16/32")) {
+      settings_.layer_mt_gu = w == "32" || w == "32/16" ? 2 : 1;
+      settings_.layer_mt_dn = w == "32" || w == "16/32" ? 2 : 1;
+    } else {
+      invalid("create: STRATA_CUDA_LAYER_WARP_ROWS is '" + w + "'; expected " +
+              (one ? "16 or 16/32 (with STRATA_CUDA_GATE_UP_SLICES=1)" : "16, 32/16 or 32 (16/32 only with "
+                                                                          "STRATA_CUDA_GATE_UP_SLICES=1)"));
+    }
+  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;

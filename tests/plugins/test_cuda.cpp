@@ -1035,7 +1035,17 @@ TEST_CASE(
                          {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
                           {"STRATA_CUDA_LAYER_LEAN", "0"}},
                          {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_PERSISTENT", "1"},
-                          {"STRATA_CUDA_LAYER_LEAN", "1"}}};
+                          {"STRATA_CUDA_LAYER_LEAN", "1"}},
+                         // and with down tiles of 128 rows (two row tiles per down warp)
+                         {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_WARP_ROWS", "16/32"}},
+                         {{"STRATA_CUDA_GATE_UP_SLICES", "1"}, {"STRATA_CUDA_LAYER_WARP_ROWS", "16/32"},
+                          {"STRATA_CUDA_LAYER_PERSISTENT", "1"}, {"STRATA_CUDA_LAYER_LEAN", "0"}}};
+    // Row tiles per warp that no instance has are refused by name.
+    CHECK_THROWS_WITH(make_cuda_with_env(*rec, "STRATA_CUDA_LAYER_WARP_ROWS", "16/32"),
+                      doctest::Contains("STRATA_CUDA_LAYER_WARP_ROWS is '16/32'; expected 16, 32/16 or 32"));
+    CHECK_THROWS_WITH(make_cuda_with_envs(*rec, {{"STRATA_CUDA_GATE_UP_SLICES", "1"},
+                                                 {"STRATA_CUDA_LAYER_WARP_ROWS", "32"}}),
+                      doctest::Contains("STRATA_CUDA_LAYER_WARP_ROWS is '32'; expected 16 or 16/32"));
     for (const Env& env : modes) {
       std::string mode;
       for (const auto& [var, value] : env) mode += std::string(mode.empty() ? "" : " ") + var + "=" + value;

@@ -109,7 +109,7 @@ struct LayerCarry {
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
 // MG, MD: 16-row tiles per warp (tc_q4_tile's MT) of the gate/up and the down tiles (1: a gate/up tile is 32
 // rows of h, a down tile 64; 2: 64 and 128 rows; lw's tile counts are of those). KSG: the gate/up tiles' K
-// slices (TileShape; 1: tiles of 32 rows of h, only with MG = MD = 1).
+// slices (TileShape; 1: tiles of 32 rows of h, only with MG = 1).
 template <int FMT, int NT, bool LEAN = false, int MG = 1, int MD = 1, int KSG = 2>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
@@ -230,7 +230,7 @@ cudaError_t launch_layer_instance(const LayerWork& lw, const Queue& on) {
 }
 
 // lean: the instance with one block more per SM (tc_q4_layer_kernel's LEAN); mg, md: its MG, MD (lw's tile
-// counts of those sizes): 1 and 1, 2 and 1, or 2 and 2; ksg: its KSG (2, or 1 with mg = md = 1).
+// counts of those sizes): with ksg 2 (KSG) 1 and 1, 2 and 1, or 2 and 2; with ksg 1, 1 and 1 or 1 and 2.
 template <int FMT>
 cudaError_t launch_tc_q4_layer(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on) {
   if (lw.n_items <= 0) return cudaSuccess;
@@ -244,7 +244,9 @@ cudaError_t launch_tc_q4_layer(int nt, bool lean, int mg, int md, int ksg, const
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if (ksg == 1) return mg == 1 && md == 1 ? with(One{}, One{}, One{}) : cudaErrorInvalidValue;
+  if (ksg == 1 && mg == 1 && md == 1) return with(One{}, One{}, One{});
+  if (ksg == 1 && mg == 1 && md == 2) return with(One{}, Two{}, One{});
+  if (ksg == 1) return cudaErrorInvalidValue;
   if (ksg != 2) return cudaErrorInvalidValue;
   if (mg == 1 && md == 1) return with(One{}, One{}, Two{});
   if (mg == 2 && md == 1) return with(Two{}, One{}, Two{});

@@ -197,8 +197,8 @@ cudaError_t launch_wide_q4row_tc(bool gate_up, bool tiles, int ksg, const WorkIt
 // The layer kernel (exact mode, nt 1 or 2): lw.n_items * (gu_tiles + dn_tiles) blocks.
 // lean: the instance with one block more per SM (B values loaded at use; tc_layer.cuh). mg, md: 16-row tiles per
 // warp of the gate/up and the down tiles: 1 and 1, 2 and 1, or 2 and 2 (2: gate/up tiles of 32 rows, down tiles
-// of 128; lw's tile counts are of those). ksg: gate/up K slices (2; or 1 with mg = md = 1: gate/up tiles of 32
-// rows).
+// of 128; lw's tile counts are of those). ksg: gate/up K slices (2; or 1 with mg = 1: gate/up tiles of 32 rows,
+// down tiles of 64 or 128).
 cudaError_t launch_layer_q4g64_tc(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on);
 cudaError_t launch_layer_q4row_tc(int nt, bool lean, int mg, int md, int ksg, const LayerWork& lw, const Queue& on);
 // gemv (SIMT f32, memory-bound) int4 kernels: every item of the launch has n_tok == t, 1 <= t <= 8.
