@@ -1129,6 +1129,20 @@ TEST_CASE("cuda wide exact kernels (prefill, 16-token chunks): the narrow kernel
       CAPTURE(slices);
       gpu_case_wide(rec, slices);
     }
+    // The setting really switches the gate/up kernels: other sums' order, other bits somewhere (both within 1e-5).
+    {
+      auto two = make_cuda_with_env(*rec, "STRATA_CUDA_GATE_UP_SLICES", "2");
+      auto one = make_cuda_with_env(*rec, "STRATA_CUDA_GATE_UP_SLICES", "1");
+      std::mt19937 rng(77);
+      const Group grp(rng, 1100, 72, 8, {1, 3, 20}, same_format(WeightFormat::Q4_G64, 3));
+      const auto a = grp.run(*two), b = grp.run(*one), want = grp.run(*cpu_reference());
+      int differ = 0;
+      for (size_t e = 0; e < a.size(); ++e) {
+        differ += a[e] == b[e] ? 0 : 1;
+        CHECK(rel_err(b[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+      }
+      CHECK(differ > 0);
+    }
     // Another count of slices is refused by name.
     CHECK_THROWS_WITH(make_cuda_with_env(*rec, "STRATA_CUDA_GATE_UP_SLICES", "4"),
                       doctest::Contains("STRATA_CUDA_GATE_UP_SLICES is '4'; expected 1 or 2"));
