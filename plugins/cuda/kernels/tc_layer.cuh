@@ -1,7 +1,7 @@
 // The layer kernel: an expert group's gate/up tiles and down tiles (exact mode, tensor cores) in one launch.
 // Each block takes a ticket (an atomic counter) and with it its work, in order: every gate/up tile of item 0,
 // of item 1, .., then every down tile of item 0, 1, ... The down operand's group G (h columns 64 G ..) needs
-// the gate/up tiles of rows 64 G .. (2 of 32 rows, or 1 of 64): the last of them to finish encodes it
+// the gate/up tiles of rows 64 G .. (4 of 16 rows, or 2 of 32): the last of them to finish encodes it
 // (encode_i8_unit, as the preparation pass does) and counts it; an item's down blocks load their first weights,
 // then wait until all of its groups are counted. So the down tiles of the first experts run while the last
 // gate/up tiles still do, with no kernel boundary, preparation launch or wave tail between the two passes;
@@ -107,9 +107,9 @@ struct LayerCarry {
 // LEAN: one block more per SM, with each unit's B values loaded just before its k-steps instead of one unit
 // ahead (ptxas, sm_90, no spills: 1 n-tile 5 blocks in 96 registers instead of 4 in 128; 2 n-tiles 4 in 128
 // instead of 3 in 168). Same arithmetic in the same order, so the same bits.
-// MG, MD: 16-row tiles per warp (tc_q4_tile's MT) of the gate/up and the down tiles (1: a gate/up tile is 32
-// rows of h, a down tile 64; 2: 64 and 128 rows; lw's tile counts are of those). KSG: the gate/up tiles' K
-// slices (TileShape; 1: tiles of 32 rows of h, only with MG = 1).
+// MG, MD: 16-row tiles per warp (tc_q4_tile's MT) of the gate/up and the down tiles: a gate/up tile is 16 MG
+// rows of h (32 with KSG = 1), a down tile 64 MD rows; lw's tile counts are of those. KSG: the gate/up tiles' K
+// slices (TileShape; 1 only with MG = 1).
 template <int FMT, int NT, bool LEAN = false, int MG = 1, int MD = 1, int KSG = 2>
 __global__ void __launch_bounds__(kTcWarps * 32, tc_min_blocks(kI8Splits, NT, true) + (LEAN ? 1 : 0))
     tc_q4_layer_kernel(LayerWork lw) {
