@@ -284,17 +284,16 @@ template <int FMT>
 cudaError_t launch_tc_q4_wide(bool gate_up, bool tiles, int ksg, const WorkItem* items, int n_items, int grid_x,
                               const Queue& on) {
   if (n_items <= 0 || grid_x <= 0) return cudaSuccess;
-  if (gate_up && ksg == 1) {
-    return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, true, true, 1>, true, 1>(items, n_items, grid_x, on)
-                 : launch_wide_instance<&tc_q4_wide_kernel<FMT, true, false, 1>, true, 1>(items, n_items, grid_x, on);
-  }
   if (ksg != 1 && ksg != 2) return cudaErrorInvalidValue;
-  if (gate_up) {
-    return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, true, true>, true>(items, n_items, grid_x, on)
-                 : launch_wide_instance<&tc_q4_wide_kernel<FMT, true, false>, true>(items, n_items, grid_x, on);
-  }
-  return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, false, true>, false>(items, n_items, grid_x, on)
-               : launch_wide_instance<&tc_q4_wide_kernel<FMT, false, false>, false>(items, n_items, grid_x, on);
+  auto go = [&](auto gate_up_tag, auto ksg_tag) {
+    constexpr bool G = decltype(gate_up_tag)::value;
+    constexpr int K = decltype(ksg_tag)::value;
+    return tiles ? launch_wide_instance<&tc_q4_wide_kernel<FMT, G, true, K>, G, K>(items, n_items, grid_x, on)
+                 : launch_wide_instance<&tc_q4_wide_kernel<FMT, G, false, K>, G, K>(items, n_items, grid_x, on);
+  };
+  using Two = std::integral_constant<int, 2>;
+  if (!gate_up) return go(std::false_type{}, Two{});  // (linear: one instance, K slices do not apply)
+  return ksg == 1 ? go(std::true_type{}, std::integral_constant<int, 1>{}) : go(std::true_type{}, Two{});
 }
 
 }  // namespace strata_cuda

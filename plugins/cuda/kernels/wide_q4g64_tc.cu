@@ -1,4 +1,6 @@
 // The wide exact tensor-core kernels (prefill: items of 16 tokens, the operand shared through shared memory) for Q4_G64 experts: gate/up and linear. See tc_wide.cuh.
+#include <algorithm>
+
 #include "tc_wide.cuh"
 
 namespace strata_cuda {
@@ -9,9 +11,8 @@ cudaError_t launch_wide_q4g64_tc(bool gate_up, bool tiles, int ksg, const WorkIt
 }
 
 unsigned wide_smem_bytes() {
-  constexpr unsigned a = WideShape<true, 1>::kSmemBytes, b = WideShape<true, 2>::kSmemBytes;
-  constexpr unsigned c = WideShape<false>::kSmemBytes;
-  return a > b ? (a > c ? a : c) : (b > c ? b : c);
+  return static_cast<unsigned>(
+      std::max({WideShape<true, 1>::kSmemBytes, WideShape<true, 2>::kSmemBytes, WideShape<false>::kSmemBytes}));
 }
 
 }  // namespace strata_cuda
