@@ -3,7 +3,7 @@
 # SMs the 768 64-row down tiles end in a partial second round of the 528 blocks (run154's timeline); 384 128-row
 # ones fit one. On an H100: the stand-in with the H200's waves (5 experts) and the full card with 8, each for the
 # default, one slice, and one slice with 16/32, alternating, 2 passes; then test_cuda. On an H200: the same three
-# with 8 experts (3 passes), then test_cuda. run157 adds, on an H200 only, the two-row-tile settings of runs 140-143
+# with 8 experts (run157: 2 passes, for the budget), then test_cuda. run157 adds, on an H200 only, the two-row-tile settings of runs 140-143
 # (STRATA_CUDA_LAYER_WARP_ROWS=32/16 and 32 with the default two slices), which the H100 stand-in favoured.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,7 +14,7 @@ OUT=$OUT0/setup TESTS=0 PASSES=0 bash tools/device/layer_ab.sh > /dev/null 2>&1 
 export LD_LIBRARY_PATH="$PWD/build-cuda/bundle/lib"
 B=build-cuda/bundle/bin/bench_cuda
 cfgs=("--reserve-sms 52 --layer-experts 5" "--layer-experts 8"); passes="1 2"; vs=("2 16" "1 16" "1 16/32")
-case "$name" in *H200*) cfgs=("--layer-experts 8"); passes="1 2 3"; vs+=("2 32/16" "2 32") ;; esac
+case "$name" in *H200*) cfgs=("--layer-experts 8"); passes="1 2"; vs+=("2 32/16" "2 32") ;; esac
 for cfg in "${cfgs[@]}"; do
   for pass in $passes; do
     for v in "${vs[@]}"; do
