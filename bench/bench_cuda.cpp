@@ -425,6 +425,9 @@ int main(int argc, char** argv) {
     CudaBackend b(device);
     // (the persistent layer kernel's grid for the SMs left free, as on a device of that many SMs)
     if (reserve_sms > 0) b.settings().layer_sms = prop.multiProcessorCount - reserve_sms;
+    fmt::print("layer kernel tiles: gate/up {} rows, down {} rows ({} gate/up K slice(s); WARP_ROWS {}/{})\n",
+               32 / b.settings().gate_up_slices * b.settings().layer_mt_gu, 64 * b.settings().layer_mt_dn,
+               b.settings().gate_up_slices, 16 * b.settings().layer_mt_gu, 16 * b.settings().layer_mt_dn);
     std::mt19937 rng(11);
 
     // ---- 2. GLM-5.2 layer at decode ----

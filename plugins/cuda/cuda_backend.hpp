@@ -61,6 +61,16 @@ struct strata_group {
 
 namespace strata_cuda {
 
+// The layer kernel's default 16-row tiles per warp (Settings::layer_mt_gu and layer_mt_dn, with two gate/up K
+// slices) on a device of `sms` SMs whose memory reads peak at `bytes_per_s` (0: unknown): 2 where that is at least
+// 30 GB/s per SM, else 1. Measured: on an H200 (4.9 TB/s, 132 SMs: 37 GB/s per SM) two row tiles per warp, a
+// block per tile, ran the GLM-5.2 decode layer at 51.3-51.5 us queued against 51.7-51.9 at 1 row and 56.3-57.6
+// against 59.7-60.2 at 3-4 rows (run160); on an H100 (3.35 TB/s, 132 SMs: 25 GB/s per SM) it was slower at every
+// row count (runs 143, 158: 1 row 104.7-105.5 us against 102.6 with 13 experts). The bits are the same either way.
+inline int default_layer_warp_tiles(double bytes_per_s, int sms) {
+  return sms > 0 && bytes_per_s / sms >= 30e9 ? 2 : 1;
+}
+
 // Settings read once when a backend is created (environment), adjustable by the bench.
 struct Settings {
   // Experts with at least this many rows run their int4 matrices on the W4A16 path (bf16 activations); 0 =
@@ -101,7 +111,7 @@ struct Settings {
   // loads): the next tile's ticket taken as the current tile's last two load batches begin and its first
   // weights loaded before the current tile's epilogue. Same results bit for bit. -1 (auto, the default): on at
   // 2 n-tiles, and at 1 for a launch of at least two tiles per block the device holds at once (4 per SM); off
-  // with one gate/up K slice (gate_up_slices, below). H100,
+  // with one gate/up K slice (gate_up_slices, below) and with two row tiles per warp (layer_mt_gu/dn). H100,
   // run127-129, with a gate/up tile's count by one fence per block: a GLM-5.2 layer (1792 tiles, 3.4 per block)
   // at 1 row 64.1-64.4 us queued against 65.0-65.5 a block per tile, 3-4 rows 69.5-70.1 against 70.4-71.1; the
   // projection shape at n = 1 (640 tiles, 1.2 per block) 18.6-19.1 us event-timed against 17.7-18.5. (With a
@@ -120,6 +130,8 @@ struct Settings {
   // with every B value it loads (half the B loads and L1 fills per weight byte; gate/up tiles of 32 rows, down
   // tiles of 128). Same results bit for bit. STRATA_CUDA_LAYER_WARP_ROWS=16 (1, 1), 32 (2, 2) or 32/16 (2, 1);
   // with one gate/up K slice (gate_up_slices) 16 or 16/32 (1, 2: down tiles of 128 rows); others are refused.
+  // Without the setting, with two gate/up slices: (2, 2) on a device that reads memory at 30 GB/s per SM or more,
+  // (1, 1) below (default_layer_warp_tiles).
   int layer_mt_gu = 1, layer_mt_dn = 1;
   // K slices per gate/up matrix of the tensor-core kernels (narrow, wide and the layer kernel's gate/up tiles;
   // kernels/tc_q4.cuh): 2 (the default) a block is one 16-row tile of h, each matrix in 2 warps of half K; 1 a
@@ -172,6 +184,10 @@ class CudaBackend {
     // us queued against 69.7-70.0 persistent, 3-4 rows 70.3-70.9 against 73.0-73.3; on the H200 stand-in
     // 71.7-72.0 against 72.3-72.6 and 79.6-80.0 against 79.9-80.2)
     if (settings_.gate_up_slices == 1) return 0;
+    // (two row tiles per warp: a block per tile measured faster, run159 on the H200: WARP_ROWS=32 1 row 51.3-51.6
+    // us against 52.7-52.9 persistent, 3-4 rows 56.6-57.1 against 57.4-58.3; 32/16 51.8-52.0 against 53.1-53.4;
+    // run158 on an H100 likewise)
+    if (settings_.layer_mt_gu == 2 || settings_.layer_mt_dn == 2) return 0;
     const int sms = settings_.layer_sms > 0 && settings_.layer_sms < sm_count_ ? settings_.layer_sms : sm_count_;
     // (4: the 1-n-tile instance's blocks per SM, tc_min_blocks in kernels/tc_q4.cuh)
     return nt == 2 || tiles >= 2 * 4 * static_cast<int64_t>(sms) ? 1 : 0;

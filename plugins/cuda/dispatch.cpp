@@ -515,6 +515,18 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     }
     settings_.gate_up_slices = ksg;
   }
+  // The layer kernel's tile shape by default (with two gate/up slices): the device's peak memory read rate per
+  // SM decides (default_layer_warp_tiles; memory clock x 2 (double data rate) x bus width); WARP_ROWS overrides.
+  if (settings_.gate_up_slices == 2) {
+    int mem_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      mem_khz = bus_bits = 0;
+    }
+    const double bytes_per_s = 2.0 * mem_khz * 1e3 * bus_bits / 8;
+    settings_.layer_mt_gu = settings_.layer_mt_dn = default_layer_warp_tiles(bytes_per_s, sm_count_);
+  }
   if (const char* v = std::getenv("STRATA_CUDA_LAYER_WARP_ROWS")) {
     // (gate/up / down 16-row tiles per warp; the layer kernel's instances: with 2 gate/up K slices 16, 32/16,
     // 32; with 1 slice 16 and 16/32)
