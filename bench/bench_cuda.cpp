@@ -425,9 +425,13 @@ int main(int argc, char** argv) {
     CudaBackend b(device);
     // (the persistent layer kernel's grid for the SMs left free, as on a device of that many SMs)
     if (reserve_sms > 0) b.settings().layer_sms = prop.multiProcessorCount - reserve_sms;
+    // The layer kernel's tile rows (gate/up of F, down of H: WARP_ROWS and the gate/up K slices; the timeline's
+    // tile counts below).
+    const int layer_rows_gu = strata_cuda::tc_gate_up_rows(b.settings().gate_up_slices) * b.settings().layer_mt_gu;
+    const int layer_rows_dn = strata_cuda::kTcRowsPerBlock * strata_cuda::kTcLinearTiles * b.settings().layer_mt_dn;
     fmt::print("layer kernel tiles: gate/up {} rows, down {} rows ({} gate/up K slice(s); WARP_ROWS {}/{})\n",
-               32 / b.settings().gate_up_slices * b.settings().layer_mt_gu, 64 * b.settings().layer_mt_dn,
-               b.settings().gate_up_slices, 16 * b.settings().layer_mt_gu, 16 * b.settings().layer_mt_dn);
+               layer_rows_gu, layer_rows_dn, b.settings().gate_up_slices, 16 * b.settings().layer_mt_gu,
+               16 * b.settings().layer_mt_dn);
     std::mt19937 rng(11);
 
     // ---- 2. GLM-5.2 layer at decode ----
@@ -490,9 +494,7 @@ int main(int argc, char** argv) {
               const auto t = b.time_expert_group(x.data(), rows, H, static_cast<int32_t>(g.tasks.size()),
                                                  g.tasks.data(), 1, 100, &rec);
               if (pass == 0) continue;
-              // (a tile's rows: gate/up 16 or 32 of F (32 with one K slice), down 64 or 128 of H; WARP_ROWS)
-              const int rows_gu = 32 / b.settings().gate_up_slices * b.settings().layer_mt_gu;
-              const int rows_dn = 64 * b.settings().layer_mt_dn;
+              const int rows_gu = layer_rows_gu, rows_dn = layer_rows_dn;
               const int n_gu_tiles = layer_experts * static_cast<int>((F + rows_gu - 1) / rows_gu);
               const TimelineSummary sm = summarize_timeline(rec, n_gu_tiles);
               if (!timeline_csv.empty()) append_timeline_csv(csv, rec, rows, pass, l, n_gu_tiles, rows_gu, rows_dn);

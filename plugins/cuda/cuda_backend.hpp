@@ -180,14 +180,14 @@ class CudaBackend {
   // The layer kernel's persistent mode for a launch of `tiles` tiles at nt n-tiles (Settings::layer_persistent).
   int layer_persistent_for(int nt, int64_t tiles) const {
     if (settings_.layer_persistent >= 0) return settings_.layer_persistent;
-    // (one gate/up K slice: a block per tile measured faster at every row count, run154: H100 1 row 67.2-67.3
-    // us queued against 69.7-70.0 persistent, 3-4 rows 70.3-70.9 against 73.0-73.3; on the H200 stand-in
-    // 71.7-72.0 against 72.3-72.6 and 79.6-80.0 against 79.9-80.2)
-    if (settings_.gate_up_slices == 1) return 0;
-    // (two row tiles per warp: a block per tile measured faster, run159 on the H200: WARP_ROWS=32 1 row 51.3-51.6
-    // us against 52.7-52.9 persistent, 3-4 rows 56.6-57.1 against 57.4-58.3; 32/16 51.8-52.0 against 53.1-53.4;
-    // run158 on an H100 likewise)
-    if (settings_.layer_mt_gu == 2 || settings_.layer_mt_dn == 2) return 0;
+    // Tiles larger than 16 rows of h (gate/up) or 64 rows (down) run a block per tile: measured faster for each
+    // such shape at every row count. One gate/up K slice (32-row gate/up tiles), run154: H100 1 row 67.2-67.3 us
+    // queued against 69.7-70.0 persistent, 3-4 rows 70.3-70.9 against 73.0-73.3. Two row tiles per warp, run159
+    // on the H200: WARP_ROWS=32 1 row 51.3-51.6 against 52.7-52.9, 3-4 rows 56.6-57.1 against 57.4-58.3; 32/16
+    // 51.8-52.0 against 53.1-53.4; run158 on an H100 likewise.
+    if (tc_gate_up_rows(settings_.gate_up_slices) * settings_.layer_mt_gu > kTcRowsPerBlock ||
+        settings_.layer_mt_dn > 1)
+      return 0;
     const int sms = settings_.layer_sms > 0 && settings_.layer_sms < sm_count_ ? settings_.layer_sms : sm_count_;
     // (4: the 1-n-tile instance's blocks per SM, tc_min_blocks in kernels/tc_q4.cuh)
     return nt == 2 || tiles >= 2 * 4 * static_cast<int64_t>(sms) ? 1 : 0;

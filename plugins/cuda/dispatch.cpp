@@ -1337,6 +1337,7 @@ bool CudaBackend::launch_graph(Slot& s, const Plan& p) {
 void CudaBackend::launch_direct(Slot& s, const Plan& p) {
   constexpr int kMaxGridY = 65535;
   const Queue on{s.stream, settings_.pdl};
+  const int ksg = settings_.gate_up_slices;  // (the tensor-core gate/up instances')
   // (time_expert_group's timeline: the first preparation launch notes its start and end after the records)
   uint64_t* const prep_stamps =
       timeline_dev_ != nullptr ? timeline_dev_ + static_cast<int64_t>(timeline_n_) * kTimelineWords : nullptr;
@@ -1367,7 +1368,6 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
     lw.timeline = timeline_dev_;
     lw.timeline_n = timeline_n_;
     const bool lean = layer_lean_for(gu.nt);
-    const int ksg = settings_.gate_up_slices;
     const cudaError_t e = gu.dtype == kQ4G64 ? launch_layer_q4g64_tc(gu.nt, lean, mg, md, ksg, lw, on)
                                              : launch_layer_q4row_tc(gu.nt, lean, mg, md, ksg, lw, on);
     STRATA_CK(e, "launch of the layer kernel (n-tiles " + std::to_string(gu.nt) + ", " +
@@ -1386,15 +1386,13 @@ void CudaBackend::launch_direct(Slot& s, const Plan& p) {
       if (wide_launch(l.tc, l.splits, l.nt)) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_wide" : "_q4row_wide");
-        const int ksg = settings_.gate_up_slices;
-        e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, ksg, items, n, l.grid_x, on)
+            e = g64 ? launch_wide_q4g64_tc(l.gate_up, l.tiles, ksg, items, n, l.grid_x, on)
                 : launch_wide_q4row_tc(l.gate_up, l.tiles, ksg, items, n, l.grid_x, on);
       } else if (l.tc) {
         const bool g64 = l.dtype == kQ4G64;
         name = std::string(l.gate_up ? "gate_up" : "linear") + (g64 ? "_q4g64_tc" : "_q4row_tc");
         if (l.gate_up) {
-          const int ksg = settings_.gate_up_slices;
-          e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, l.tiles, ksg, items, n, l.grid_x, on)
+                e = g64 ? launch_gate_up_q4g64_tc(l.splits, l.nt, l.tiles, ksg, items, n, l.grid_x, on)
                   : launch_gate_up_q4row_tc(l.splits, l.nt, l.tiles, ksg, items, n, l.grid_x, on);
         } else {
           e = g64 ? launch_linear_q4g64_tc(l.splits, l.nt, l.tiles, items, n, l.grid_x, on)

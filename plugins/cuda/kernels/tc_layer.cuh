@@ -246,7 +246,6 @@ cudaError_t launch_tc_q4_layer(int nt, bool lean, int mg, int md, int ksg, const
   using Two = std::integral_constant<int, 2>;
   if (ksg == 1 && mg == 1 && md == 1) return with(One{}, One{}, One{});
   if (ksg == 1 && mg == 1 && md == 2) return with(One{}, Two{}, One{});
-  if (ksg == 1) return cudaErrorInvalidValue;
   if (ksg != 2) return cudaErrorInvalidValue;
   if (mg == 1 && md == 1) return with(One{}, One{}, Two{});
   if (mg == 2 && md == 1) return with(Two{}, One{}, Two{});
