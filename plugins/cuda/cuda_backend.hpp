@@ -150,6 +150,11 @@ struct Settings {
   // The SMs the persistent layer kernel sizes its grid for (as many blocks as they hold at once); 0: all the
   // device's. bench_cuda --reserve-sms sets it to the SMs it leaves free. STRATA_CUDA_LAYER_SMS=N.
   int layer_sms = 0;
+  // Experts of a group with the same rows of x (every expert of a one-token decode group) share one gate/up
+  // input operand: encoded once by the preparation pass, and read by all of their gate/up tiles, so the L1 and
+  // L2 hold one copy for all of them (plan_group). Same results bit for bit. STRATA_CUDA_SHARE_OPERANDS=0: an
+  // operand per expert (A/B).
+  bool share_operands = true;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "cuda_backend.hpp"
 
@@ -287,6 +288,7 @@ struct Chunk {
   // In the layout: the gate_up input operand, the region gate_up writes h to (h_bytes, cleared by the first
   // preparation pass), and for an exact-mode down the operand encoded from that f32 h (else kNone).
   uint64_t in_off = 0, h_off = 0, h_bytes = 0, dn_op_off = kNone;
+  bool in_shared = false;  // in_off is an earlier chunk's operand, equal to this one's (plan_group)
 };
 
 }  // namespace
@@ -330,6 +332,7 @@ struct PlanScratch {
   std::vector<uint64_t> task_rows_at, y_task;
   std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
   ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
+  std::unordered_map<uint64_t, size_t> operand_of;  // a gate/up operand's hash -> the first chunk with it
 };
 
 // A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
@@ -541,6 +544,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                                                           "STRATA_CUDA_GATE_UP_SLICES=1)"));
     }
   }
+  if (const char* v = std::getenv("STRATA_CUDA_SHARE_OPERANDS"))
+    settings_.share_operands = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -914,10 +919,36 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   p.rows_off = lay.take(p.rows.size() * sizeof(int32_t));
   p.head_bytes = lay.cursor;
 
-  // Per chunk: its operands and h (Chunk::in_off ..).
+  // Per chunk: its operands and h (Chunk::in_off ..). Chunks whose gate/up input operands are equal -- the
+  // same launch class and width, the same rows of x in the same order, as every expert of a one-token decode
+  // group has -- share one (Settings::share_operands): encoded once (the other chunks' preparation jobs only
+  // clear their h), and the experts' gate/up tiles read the same lines, which the L1 and the L2 then hold for
+  // all of them. Same values, so the same bits.
   const int64_t hp = padded_cols(hidden);
   int64_t max_prep = 0;
-  for (Chunk& c : chunks) {
+  sc.operand_of.clear();
+  auto chunk_rows = [&](const Chunk& c) {
+    return p.rows.data() + task_rows_at[static_cast<size_t>(c.task)] + c.start;
+  };
+  for (size_t ci = 0; ci < chunks.size(); ++ci) {
+    Chunk& c = chunks[ci];
+    c.in_shared = false;
+    if (settings_.share_operands) {
+      uint64_t hash = 1469598103934665603ull;  // FNV-1a over the operand's class, width and rows
+      auto mix = [&](uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
+      mix(static_cast<uint64_t>(c.gu.tc) | static_cast<uint64_t>(c.gu.wide) << 1 |
+          static_cast<uint64_t>(static_cast<uint32_t>(c.gu.splits)) << 2);
+      mix(static_cast<uint64_t>(c.gu.dtype) << 32 | static_cast<uint32_t>(c.gu.gemv_tok));
+      mix(static_cast<uint64_t>(c.gu_nt) << 32 | static_cast<uint32_t>(c.n));
+      const int32_t* r = chunk_rows(c);
+      for (int i = 0; i < c.n; ++i) mix(static_cast<uint32_t>(r[i]));
+      const auto [at, first] = sc.operand_of.try_emplace(hash, ci);
+      const Chunk& o = chunks[at->second];
+      if (!first && o.gu == c.gu && o.gu_nt == c.gu_nt && o.n == c.n && std::equal(r, r + c.n, chunk_rows(o))) {
+        c.in_off = o.in_off;
+        c.in_shared = true;
+      }
+    }
     const int64_t fp = padded_cols(c.gate.dm.rows);
     const int64_t in_cols = c.gu.tc ? 8 * c.gu_nt : c.n;
     const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
@@ -927,7 +958,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     c.h_bytes = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, c.dn_nt, fp)
                                   : static_cast<uint64_t>(c.n * h_ld) * 4;
-    c.in_off = lay.take(in_bytes);
+    if (!c.in_shared) c.in_off = lay.take(in_bytes);
     c.h_off = lay.take(c.h_bytes);
     if (dn_i8) {
       c.dn_op_off = lay.take(tc_operand_bytes(kI8Splits, c.dn_nt, fp));
@@ -1023,7 +1054,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
-    j.ncols = c.gu.tc ? 8 * c.gu_nt : c.n;
+    j.ncols = c.in_shared ? 0 : c.gu.tc ? 8 * c.gu_nt : c.n;  // (0: nothing to encode, h to clear)
     j.dst_off = c.in_off;
     j.zero_off = c.h_off;
     j.zero_bytes = static_cast<int64_t>(c.h_bytes);

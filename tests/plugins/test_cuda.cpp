@@ -1055,6 +1055,75 @@ TEST_CASE(
   }
 }
 
+// Experts with the same rows of x share one gate/up input operand (plan_group; every expert of a one-token decode
+// group): the bits of an operand per expert (STRATA_CUDA_SHARE_OPERANDS=0) and cpu_generic's results (within
+// 1e-5; W4A16 within its tolerance), in every kernel family that reads such an operand: the layer kernel (one
+// format, resident tiles, 1-3 rows), the narrow exact kernels, the wide ones (16 rows), W4A16, gemv and SIMT.
+// Only equal operands are shared: the same rows in another order, a subset, or the rows of an expert in another
+// launch class (Q4_ROW beside Q4_G64, a wide chunk beside narrow ones) get their own; a shared operand's own
+// region is never written, so a chunk reading it would fail here.
+static void gpu_case_shared_operands(const PluginRecord* rec) {
+  auto ref = cpu_reference();
+  using Env = std::vector<std::pair<const char*, const char*>>;
+  const Env families[] = {{},
+                          {{"STRATA_CUDA_LAYER", "0"}},
+                          {{"STRATA_CUDA_W4A16_MIN_ROWS", "1"}},
+                          {{"STRATA_CUDA_GEMV_MAX_ROWS", "8"}},
+                          {{"STRATA_CUDA_KERNELS", "simt"}}};
+  std::mt19937 rng(4242);
+  // A decode group of one format (the layer kernel on resident tiles): experts 0-2 row 4; 3-4 rows 2, 7, 11;
+  // 5 those in another order; 6 two of them.
+  Group decode(rng, 320, 200, 20, {1, 1, 1, 3, 3, 3, 2}, same_format(WeightFormat::Q4_G64, 7));
+  decode.rows = {{4}, {4}, {4}, {2, 7, 11}, {2, 7, 11}, {11, 2, 7}, {2, 7}};
+  // A mixed group: 0-1 row 4 (Q4_G64), 2 row 4 (Q4_ROW), 3-4 rows 0..15 (wide chunks), 5 rows 0..11, 6 rows
+  // 0..11 and 4 again.
+  std::vector<std::pair<WeightFormat, WeightFormat>> formats = same_format(WeightFormat::Q4_G64, 7);
+  formats[2] = {WeightFormat::Q4_ROW, WeightFormat::Q4_ROW};
+  Group mixed(rng, 320, 200, 20, {1, 1, 1, 16, 16, 12, 13}, formats);
+  std::vector<int32_t> r16(16), r12(12);
+  for (int i = 0; i < 16; ++i) r16[static_cast<size_t>(i)] = i;
+  for (int i = 0; i < 12; ++i) r12[static_cast<size_t>(i)] = i;
+  std::vector<int32_t> r13 = r12;
+  r13.push_back(4);
+  mixed.rows = {{4}, {4}, {4}, r16, r16, r12, r13};
+  for (const Group* grp : {&decode, &mixed}) {
+    const bool is_decode = grp == &decode;
+    CAPTURE(is_decode);
+    const auto want = grp->run(*ref);
+    for (const Env& fam : families) {
+      std::string name = "default";
+      for (const auto& [var, value] : fam) name = std::string(var) + "=" + value;
+      CAPTURE(name);
+      Env off = fam;
+      off.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "0");
+      auto shared = make_cuda_with_envs(*rec, fam), own = make_cuda_with_envs(*rec, off);
+      const bool w4a16 = !fam.empty() && std::string(fam[0].first) == "STRATA_CUDA_W4A16_MIN_ROWS";
+      for (bool resident : {false, true}) {
+        CAPTURE(resident);
+        std::vector<ResidentMatrix> keep;
+        const auto a = resident ? on_device(*shared, *grp, keep).run(*shared) : grp->run(*shared);
+        const auto b = resident ? on_device(*own, *grp, keep).run(*own) : grp->run(*own);
+        for (size_t e = 0; e < want.size(); ++e) {
+          CAPTURE(e);
+          CHECK(std::memcmp(a[e].data(), b[e].data(), b[e].size() * 4) == 0);
+          if (w4a16) {
+            CHECK(norm_err(a[e].data(), want[e].data(), want[e].size()) <= kW4A16NormTol);
+          } else {
+            CHECK(rel_err(a[e].data(), want[e].data(), want[e].size()) <= kExactTol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda experts with the same rows share one gate/up operand: the bits of an operand per expert") {
+  for (const PluginRecord* rec : cuda_backends()) {
+    CAPTURE(rec->name);
+    gpu_case_shared_operands(rec);
+  }
+}
+
 // The wide exact kernels (tc_wide.cuh: the 16-token chunks of experts and matmul calls with at least
 // STRATA_CUDA_WIDE_MIN_ROWS rows; 8 warps sharing each load batch's operand through shared memory) against
 // the narrow ones (STRATA_CUDA_WIDE_MIN_ROWS=0): the same bits, and cpu_generic within 1e-5. Both int4
