@@ -429,9 +429,13 @@ int main(int argc, char** argv) {
     // tile counts below).
     const int layer_rows_gu = strata_cuda::tc_gate_up_rows(b.settings().gate_up_slices) * b.settings().layer_mt_gu;
     const int layer_rows_dn = strata_cuda::kTcRowsPerBlock * strata_cuda::kTcLinearTiles * b.settings().layer_mt_dn;
-    fmt::print("layer kernel tiles: gate/up {} rows, down {} rows ({} gate/up K slice(s); WARP_ROWS {}/{})\n",
+    const int share = b.settings().share_operands;
+    fmt::print("layer kernel tiles: gate/up {} rows, down {} rows ({} gate/up K slice(s); WARP_ROWS {}/{}); "
+               "equal gate/up operands shared: {}\n",
                layer_rows_gu, layer_rows_dn, b.settings().gate_up_slices, 16 * b.settings().layer_mt_gu,
-               16 * b.settings().layer_mt_dn);
+               16 * b.settings().layer_mt_dn,
+               share > 0 ? fmt::format("in {} cop{}", share, share > 1 ? "ies" : "y")
+                         : share == 0 ? std::string("never") : std::string("auto (one copy from 2 n-tiles)"));
     std::mt19937 rng(11);
 
     // ---- 2. GLM-5.2 layer at decode ----

@@ -71,6 +71,9 @@ inline int default_layer_warp_tiles(double bytes_per_s, int sms) {
   return sms > 0 && bytes_per_s / sms >= 30e9 ? 2 : 1;
 }
 
+// The most copies of a shared gate/up operand (Settings::share_operands).
+inline constexpr int kShareCopiesMax = 8;
+
 // Settings read once when a backend is created (environment), adjustable by the bench.
 struct Settings {
   // Experts with at least this many rows run their int4 matrices on the W4A16 path (bf16 activations); 0 =
@@ -152,9 +155,13 @@ struct Settings {
   int layer_sms = 0;
   // Experts of a group with the same rows of x (every expert of a one-token decode group) share one gate/up
   // input operand: encoded once by the preparation pass, and read by all of their gate/up tiles, so the L1 and
-  // L2 hold one copy for all of them (plan_group). Same results bit for bit. STRATA_CUDA_SHARE_OPERANDS=0: an
-  // operand per expert (A/B).
-  bool share_operands = true;
+  // L2 hold one copy for all of them (plan_group). Same results bit for bit. N >= 1: N copies (the k-th chunk
+  // with an operand reads copy k % N: each copy is read by fewer SMs at once); 0: an operand per expert; -1
+  // (auto, the default): one copy, none for a one-n-tile tensor-core operand (1-2 rows of the exact kernels).
+  // On an H100 (runs 164-166) one copy was 1.0-1.6 us faster at 3-4 rows with the H200's 32-row gate/up tiles
+  // and 2-3.5 us at 8 rows, but 0.3-0.9 us slower at 1 row: every SM then reads the one 49 KB operand at once
+  // and the first tiles' inputs came 0.5 us later (--timeline). STRATA_CUDA_SHARE_OPERANDS=auto|0..8.
+  int share_operands = -1;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
   // STRATA_CUDA_REGISTER=0: refused (STRATA_ERR_UNSUPPORTED), every output through the staging buffers (A/B).
   bool host_register = true;

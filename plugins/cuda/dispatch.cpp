@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -332,7 +333,13 @@ struct PlanScratch {
   std::vector<uint64_t> task_rows_at, y_task;
   std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
   ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
-  std::unordered_map<uint64_t, size_t> operand_of;  // a gate/up operand's hash -> the first chunk with it
+  // A gate/up operand's hash -> the first chunks with it (its copies: Settings::share_operands) and how many
+  // chunks with it came so far.
+  struct Copies {
+    std::array<uint32_t, kShareCopiesMax> chunk;
+    int seen = 0;
+  };
+  std::unordered_map<uint64_t, Copies> operand_of;
 };
 
 // A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
@@ -544,8 +551,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                                                           "STRATA_CUDA_GATE_UP_SLICES=1)"));
     }
   }
-  if (const char* v = std::getenv("STRATA_CUDA_SHARE_OPERANDS"))
-    settings_.share_operands = std::strcmp(v, "0") != 0;
+  if (const char* v = std::getenv("STRATA_CUDA_SHARE_OPERANDS")) {
+    const int n = std::strcmp(v, "auto") == 0 ? -1 : env_int("STRATA_CUDA_SHARE_OPERANDS", 0, kShareCopiesMax, -2, -1);
+    if (n == -2) {
+      invalid(std::string("create: STRATA_CUDA_SHARE_OPERANDS is '") + v + "'; expected auto or the copies of a shared "
+              "operand, 0 (none: an operand per expert) to " + std::to_string(kShareCopiesMax));
+    }
+    settings_.share_operands = n;
+  }
   if (const char* v = std::getenv("STRATA_CUDA_REGISTER")) settings_.host_register = std::strcmp(v, "0") != 0;
   if (const char* v = std::getenv("STRATA_CUDA_DIRECT_WRITES"))
     settings_.direct_writes = std::strcmp(v, "0") != 0;
@@ -921,9 +934,9 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
 
   // Per chunk: its operands and h (Chunk::in_off ..). Chunks whose gate/up input operands are equal -- the
   // same launch class and width, the same rows of x in the same order, as every expert of a one-token decode
-  // group has -- share one (Settings::share_operands): encoded once (the other chunks' preparation jobs only
-  // clear their h), and the experts' gate/up tiles read the same lines, which the L1 and the L2 then hold for
-  // all of them. Same values, so the same bits.
+  // group has -- share one (Settings::share_operands; by default not at one tensor-core n-tile): encoded once
+  // (the other chunks' preparation jobs only clear their h), and the experts' gate/up tiles read the same
+  // lines, which the L1 and the L2 then hold for all of them. Same values, so the same bits.
   const int64_t hp = padded_cols(hidden);
   int64_t max_prep = 0;
   sc.operand_of.clear();
@@ -933,7 +946,9 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   for (size_t ci = 0; ci < chunks.size(); ++ci) {
     Chunk& c = chunks[ci];
     c.in_shared = false;
-    if (settings_.share_operands) {
+    const bool one_tile = c.gu.tc && c.gu_nt == 1;  // (auto: not shared, Settings::share_operands)
+    const int copies = settings_.share_operands >= 0 ? settings_.share_operands : one_tile ? 0 : 1;
+    if (copies > 0) {
       uint64_t hash = 1469598103934665603ull;  // FNV-1a over the operand's class, width and rows
       auto mix = [&](uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
       mix(static_cast<uint64_t>(c.gu.tc) | static_cast<uint64_t>(c.gu.wide) << 1 |
@@ -942,11 +957,18 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
       mix(static_cast<uint64_t>(c.gu_nt) << 32 | static_cast<uint32_t>(c.n));
       const int32_t* r = chunk_rows(c);
       for (int i = 0; i < c.n; ++i) mix(static_cast<uint32_t>(r[i]));
-      const auto [at, first] = sc.operand_of.try_emplace(hash, ci);
-      const Chunk& o = chunks[at->second];
-      if (!first && o.gu == c.gu && o.gu_nt == c.gu_nt && o.n == c.n && std::equal(r, r + c.n, chunk_rows(o))) {
-        c.in_off = o.in_off;
-        c.in_shared = true;
+      // The k-th chunk with this operand: the first `copies` each encode one, the others read copy k % copies.
+      PlanScratch::Copies& cp = sc.operand_of[hash];
+      const Chunk& o = chunks[cp.seen == 0 ? ci : cp.chunk[0]];
+      if (cp.seen == 0 ||
+          (o.gu == c.gu && o.gu_nt == c.gu_nt && o.n == c.n && std::equal(r, r + c.n, chunk_rows(o)))) {
+        const int k = cp.seen++;
+        if (k < copies) {
+          cp.chunk[static_cast<size_t>(k)] = static_cast<uint32_t>(ci);
+        } else {
+          c.in_off = chunks[cp.chunk[static_cast<size_t>(k % copies)]].in_off;
+          c.in_shared = true;
+        }
       }
     }
     const int64_t fp = padded_cols(c.gate.dm.rows);

@@ -1056,13 +1056,20 @@ TEST_CASE(
 }
 
 // Experts with the same rows of x share one gate/up input operand (plan_group; every expert of a one-token decode
-// group): the bits of an operand per expert (STRATA_CUDA_SHARE_OPERANDS=0) and cpu_generic's results (within
-// 1e-5; W4A16 within its tolerance), in every kernel family that reads such an operand: the layer kernel (one
-// format, resident tiles, 1-3 rows), the narrow exact kernels, the wide ones (16 rows), W4A16, gemv and SIMT.
-// Only equal operands are shared: the same rows in another order, a subset, or the rows of an expert in another
-// launch class (Q4_ROW beside Q4_G64, a wide chunk beside narrow ones) get their own; a shared operand's own
-// region is never written, so a chunk reading it would fail here.
+// group): in one copy (STRATA_CUDA_SHARE_OPERANDS=1), in two (=2: experts 0 and 1 encode one each, 2 reads 0's)
+// and by default (auto: not at one tensor-core n-tile, so here the 1-row experts get their own and the 3-row
+// ones share) the bits of an operand per expert (=0), and
+// cpu_generic's results (within 1e-5; W4A16 within its tolerance), in every kernel family that reads such an
+// operand: the layer kernel (one format, resident tiles, 1-3 rows), the narrow exact kernels, the wide ones (16
+// rows), W4A16, gemv and SIMT. Only equal operands are shared: the same rows in another order, a subset, or the
+// rows of an expert in another launch class (Q4_ROW beside Q4_G64, a wide chunk beside narrow ones) get their
+// own; a shared operand's own region is never written, so a chunk reading it would fail here.
 static void gpu_case_shared_operands(const PluginRecord* rec) {
+  for (const char* bad : {"yes", "9", "-1"}) {
+    CHECK_THROWS_WITH(make_cuda_with_env(*rec, "STRATA_CUDA_SHARE_OPERANDS", bad),
+                      doctest::Contains((std::string("STRATA_CUDA_SHARE_OPERANDS is '") + bad +
+                                         "'; expected auto or the copies of a shared operand, 0").c_str()));
+  }
   auto ref = cpu_reference();
   using Env = std::vector<std::pair<const char*, const char*>>;
   const Env families[] = {{},
@@ -1094,18 +1101,25 @@ static void gpu_case_shared_operands(const PluginRecord* rec) {
       std::string name = "default";
       for (const auto& [var, value] : fam) name = std::string(var) + "=" + value;
       CAPTURE(name);
-      Env off = fam;
+      Env on = fam, two = fam, off = fam;
+      on.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "1");
+      two.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "2");
       off.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "0");
-      auto shared = make_cuda_with_envs(*rec, fam), own = make_cuda_with_envs(*rec, off);
+      auto shared = make_cuda_with_envs(*rec, on), own = make_cuda_with_envs(*rec, off);
+      auto dflt = make_cuda_with_envs(*rec, fam), pair = make_cuda_with_envs(*rec, two);
       const bool w4a16 = !fam.empty() && std::string(fam[0].first) == "STRATA_CUDA_W4A16_MIN_ROWS";
       for (bool resident : {false, true}) {
         CAPTURE(resident);
         std::vector<ResidentMatrix> keep;
         const auto a = resident ? on_device(*shared, *grp, keep).run(*shared) : grp->run(*shared);
         const auto b = resident ? on_device(*own, *grp, keep).run(*own) : grp->run(*own);
+        const auto d = resident ? on_device(*dflt, *grp, keep).run(*dflt) : grp->run(*dflt);
+        const auto c = resident ? on_device(*pair, *grp, keep).run(*pair) : grp->run(*pair);
         for (size_t e = 0; e < want.size(); ++e) {
           CAPTURE(e);
           CHECK(std::memcmp(a[e].data(), b[e].data(), b[e].size() * 4) == 0);
+          CHECK(std::memcmp(c[e].data(), b[e].data(), b[e].size() * 4) == 0);
+          CHECK(std::memcmp(d[e].data(), b[e].data(), b[e].size() * 4) == 0);
           if (w4a16) {
             CHECK(norm_err(a[e].data(), want[e].data(), want[e].size()) <= kW4A16NormTol);
           } else {
