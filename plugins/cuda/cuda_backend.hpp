@@ -158,8 +158,8 @@ struct Settings {
   // L2 hold one copy for all of them (plan_group). Same results bit for bit. N >= 1: N copies (the k-th chunk
   // with an operand reads copy k % N: each copy is read by fewer SMs at once); 0: an operand per expert; -1
   // (auto, the default): one copy, none for a one-n-tile tensor-core operand (1-2 rows of the exact kernels).
-  // On an H100 (runs 164-166) one copy was 1.0-1.6 us faster at 3-4 rows with the H200's 32-row gate/up tiles
-  // and 2-3.5 us at 8 rows, but 0.3-0.9 us slower at 1 row: every SM then reads the one 49 KB operand at once
+  // On an H100 (runs 164-166) one copy was 0.8-1.7 us faster at 3-4 rows with the H200's 32-row gate/up tiles
+  // and 2-3.8 us at 8 rows, but 0.5-0.9 us slower at 1 row: every SM then reads the one 49 KB operand at once
   // and the first tiles' inputs came 0.5 us later (--timeline). STRATA_CUDA_SHARE_OPERANDS=auto|0..8.
   int share_operands = -1;
   // host_register is offered: outputs in registered host memory are put there by the device (direct_writes).
