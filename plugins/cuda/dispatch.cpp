@@ -15,7 +15,6 @@
 #include <map>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 
 #include "cuda_backend.hpp"
 
@@ -289,7 +288,8 @@ struct Chunk {
   // In the layout: the gate_up input operand, the region gate_up writes h to (h_bytes, cleared by the first
   // preparation pass), and for an exact-mode down the operand encoded from that f32 h (else kNone).
   uint64_t in_off = 0, h_off = 0, h_bytes = 0, dn_op_off = kNone;
-  bool in_shared = false;  // in_off is an earlier chunk's operand, equal to this one's (plan_group)
+  // in_off is chunk share_from's operand (an earlier chunk's, equal to this one's: plan_group); -1: its own.
+  int share_from = -1;
 };
 
 }  // namespace
@@ -333,13 +333,8 @@ struct PlanScratch {
   std::vector<uint64_t> task_rows_at, y_task;
   std::vector<float*> y_dev;  // direct writes: the device address of a task's rows in registered host memory
   ClassCounts gu_nt, dn_nt;   // launch classes and their n-tile counts (gemv: the token count)
-  // A gate/up operand's hash -> the first chunks with it (its copies: Settings::share_operands) and how many
-  // chunks with it came so far.
-  struct Copies {
-    std::array<uint32_t, kShareCopiesMax> chunk;
-    int seen = 0;
-  };
-  std::unordered_map<uint64_t, Copies> operand_of;
+  // The chunks whose gate/up operands may be shared, as (hash of the operand, chunk) sorted (plan_group).
+  std::vector<std::pair<uint64_t, uint32_t>> operand_keys;
 };
 
 // A staging slot: what one call in flight owns. Reused by later calls once taken; grown when a call needs
@@ -939,38 +934,56 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
   // lines, which the L1 and the L2 then hold for all of them. Same values, so the same bits.
   const int64_t hp = padded_cols(hidden);
   int64_t max_prep = 0;
-  sc.operand_of.clear();
   auto chunk_rows = [&](const Chunk& c) {
     return p.rows.data() + task_rows_at[static_cast<size_t>(c.task)] + c.start;
   };
+  // Which chunks share: those with equal operands sorted together (by hash, then chunk), the k-th chunk with an
+  // operand reads copy k % copies, the first `copies` of them encoding one each. (A sort in the slot's kept
+  // vector: no allocation per plan.)
+  auto copies_for = [&](const Chunk& c) {
+    return settings_.share_operands >= 0 ? settings_.share_operands : c.gu.tc && c.gu_nt == 1 ? 0 : 1;
+  };
+  sc.operand_keys.clear();
   for (size_t ci = 0; ci < chunks.size(); ++ci) {
     Chunk& c = chunks[ci];
-    c.in_shared = false;
-    const bool one_tile = c.gu.tc && c.gu_nt == 1;  // (auto: not shared, Settings::share_operands)
-    const int copies = settings_.share_operands >= 0 ? settings_.share_operands : one_tile ? 0 : 1;
-    if (copies > 0) {
-      uint64_t hash = 1469598103934665603ull;  // FNV-1a over the operand's class, width and rows
-      auto mix = [&](uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
-      mix(static_cast<uint64_t>(c.gu.tc) | static_cast<uint64_t>(c.gu.wide) << 1 |
-          static_cast<uint64_t>(static_cast<uint32_t>(c.gu.splits)) << 2);
-      mix(static_cast<uint64_t>(c.gu.dtype) << 32 | static_cast<uint32_t>(c.gu.gemv_tok));
-      mix(static_cast<uint64_t>(c.gu_nt) << 32 | static_cast<uint32_t>(c.n));
+    c.share_from = -1;
+    if (copies_for(c) == 0) continue;
+    uint64_t hash = 1469598103934665603ull;  // FNV-1a over the operand's class, width and rows
+    auto mix = [&](uint64_t v) { hash = (hash ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(c.gu.tc) | static_cast<uint64_t>(c.gu.wide) << 1 |
+        static_cast<uint64_t>(static_cast<uint32_t>(c.gu.splits)) << 2);
+    mix(static_cast<uint64_t>(c.gu.dtype) << 32 | static_cast<uint32_t>(c.gu.gemv_tok));
+    mix(static_cast<uint64_t>(c.gu_nt) << 32 | static_cast<uint32_t>(c.n));
+    const int32_t* r = chunk_rows(c);
+    for (int i = 0; i < c.n; ++i) mix(static_cast<uint32_t>(r[i]));
+    sc.operand_keys.emplace_back(hash, static_cast<uint32_t>(ci));
+  }
+  std::sort(sc.operand_keys.begin(), sc.operand_keys.end());
+  for (size_t a = 0; a < sc.operand_keys.size();) {
+    size_t b = a + 1;
+    while (b < sc.operand_keys.size() && sc.operand_keys[b].first == sc.operand_keys[a].first) ++b;
+    // [a, b): one hash, chunks in order; those equal to the first (a collision is not) are the operand's k-th
+    // chunks: the first `copies` hold a copy each, the others read copy k % copies.
+    const uint32_t first = sc.operand_keys[a].second;
+    const Chunk& o = chunks[first];
+    const int copies = copies_for(o);
+    std::array<uint32_t, kShareCopiesMax> holder{};
+    holder[0] = first;
+    int k = 1;
+    for (size_t e = a + 1; e < b; ++e) {
+      Chunk& c = chunks[sc.operand_keys[e].second];
       const int32_t* r = chunk_rows(c);
-      for (int i = 0; i < c.n; ++i) mix(static_cast<uint32_t>(r[i]));
-      // The k-th chunk with this operand: the first `copies` each encode one, the others read copy k % copies.
-      PlanScratch::Copies& cp = sc.operand_of[hash];
-      const Chunk& o = chunks[cp.seen == 0 ? ci : cp.chunk[0]];
-      if (cp.seen == 0 ||
-          (o.gu == c.gu && o.gu_nt == c.gu_nt && o.n == c.n && std::equal(r, r + c.n, chunk_rows(o)))) {
-        const int k = cp.seen++;
-        if (k < copies) {
-          cp.chunk[static_cast<size_t>(k)] = static_cast<uint32_t>(ci);
-        } else {
-          c.in_off = chunks[cp.chunk[static_cast<size_t>(k % copies)]].in_off;
-          c.in_shared = true;
-        }
+      if (!(o.gu == c.gu && o.gu_nt == c.gu_nt && o.n == c.n && std::equal(r, r + c.n, chunk_rows(o)))) continue;
+      if (k < copies) {
+        holder[static_cast<size_t>(k)] = sc.operand_keys[e].second;
+      } else {
+        c.share_from = static_cast<int>(holder[static_cast<size_t>(k % copies)]);
       }
+      ++k;
     }
+    a = b;
+  }
+  for (Chunk& c : chunks) {
     const int64_t fp = padded_cols(c.gate.dm.rows);
     const int64_t in_cols = c.gu.tc ? 8 * c.gu_nt : c.n;
     const int64_t in_ld = c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp);
@@ -980,7 +993,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     const int64_t h_ld = c.dn.tc && !dn_i8 ? fp : f32_operand_ld(c.dn.splits, fp);
     c.h_bytes = c.dn.tc && !dn_i8 ? tc_operand_bytes(c.dn.splits, c.dn_nt, fp)
                                   : static_cast<uint64_t>(c.n * h_ld) * 4;
-    if (!c.in_shared) c.in_off = lay.take(in_bytes);
+    c.in_off = c.share_from >= 0 ? chunks[static_cast<size_t>(c.share_from)].in_off : lay.take(in_bytes);
     c.h_off = lay.take(c.h_bytes);
     if (dn_i8) {
       c.dn_op_off = lay.take(tc_operand_bytes(kI8Splits, c.dn_nt, fp));
@@ -1076,7 +1089,7 @@ void CudaBackend::plan_group(Plan& p, PlanScratch& sc, const float* x, int64_t n
     j.cols = static_cast<int>(hidden);
     j.kp = static_cast<int>(c.gu.tc ? hp : f32_operand_ld(c.gu.splits, hp));
     j.splits = c.gu.splits;
-    j.ncols = c.in_shared ? 0 : c.gu.tc ? 8 * c.gu_nt : c.n;  // (0: nothing to encode, h to clear)
+    j.ncols = c.share_from >= 0 ? 0 : c.gu.tc ? 8 * c.gu_nt : c.n;  // (0: nothing to encode, h to clear)
     j.dst_off = c.in_off;
     j.zero_off = c.h_off;
     j.zero_bytes = static_cast<int64_t>(c.h_bytes);
