@@ -1058,12 +1058,12 @@ TEST_CASE(
 // Experts with the same rows of x share one gate/up input operand (plan_group; every expert of a one-token decode
 // group): in one copy (STRATA_CUDA_SHARE_OPERANDS=1), in two (=2: experts 0 and 1 encode one each, 2 reads 0's)
 // and by default (auto: not at one tensor-core n-tile, so here the 1-row experts get their own and the 3-row
-// ones share) the bits of an operand per expert (=0), and
-// cpu_generic's results (within 1e-5; W4A16 within its tolerance), in every kernel family that reads such an
-// operand: the layer kernel (one format, resident tiles, 1-3 rows), the narrow exact kernels, the wide ones (16
-// rows), W4A16, gemv and SIMT. Only equal operands are shared: the same rows in another order, a subset, or the
-// rows of an expert in another launch class (Q4_ROW beside Q4_G64, a wide chunk beside narrow ones) get their
-// own; a shared operand's own region is never written, so a chunk reading it would fail here.
+// ones share) the bits of an operand per expert (=0), and cpu_generic's results (within 1e-5; W4A16 within its
+// tolerance), in every kernel family that reads such an operand: the layer kernel (one format, resident tiles,
+// 1-3 rows), the narrow exact kernels, the wide ones (16 rows), W4A16, gemv and SIMT. Only equal operands are
+// shared: the same rows in another order, a subset, or the rows of an expert in another launch class (Q4_ROW
+// beside Q4_G64, a wide chunk beside narrow ones) get their own; a shared operand's own region is never
+// written, so a chunk reading it would fail here.
 static void gpu_case_shared_operands(const PluginRecord* rec) {
   for (const char* bad : {"yes", "9", "-1"}) {
     CHECK_THROWS_WITH(make_cuda_with_env(*rec, "STRATA_CUDA_SHARE_OPERANDS", bad),
