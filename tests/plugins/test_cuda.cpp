@@ -1101,25 +1101,29 @@ static void gpu_case_shared_operands(const PluginRecord* rec) {
       std::string name = "default";
       for (const auto& [var, value] : fam) name = std::string(var) + "=" + value;
       CAPTURE(name);
-      Env on = fam, two = fam, off = fam;
-      on.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "1");
-      two.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "2");
-      off.emplace_back("STRATA_CUDA_SHARE_OPERANDS", "0");
-      auto shared = make_cuda_with_envs(*rec, on), own = make_cuda_with_envs(*rec, off);
-      auto dflt = make_cuda_with_envs(*rec, fam), pair = make_cuda_with_envs(*rec, two);
+      // An operand per expert (=0) first, then one copy, two copies and the default (auto).
+      const char* const shares[] = {"0", "1", "2", nullptr};
+      std::vector<decltype(make_cuda_with_envs(*rec, fam))> backends;
+      for (const char* share : shares) {
+        Env env = fam;
+        if (share != nullptr) env.emplace_back("STRATA_CUDA_SHARE_OPERANDS", share);
+        backends.push_back(make_cuda_with_envs(*rec, env));
+      }
       const bool w4a16 = !fam.empty() && std::string(fam[0].first) == "STRATA_CUDA_W4A16_MIN_ROWS";
       for (bool resident : {false, true}) {
         CAPTURE(resident);
         std::vector<ResidentMatrix> keep;
-        const auto a = resident ? on_device(*shared, *grp, keep).run(*shared) : grp->run(*shared);
-        const auto b = resident ? on_device(*own, *grp, keep).run(*own) : grp->run(*own);
-        const auto d = resident ? on_device(*dflt, *grp, keep).run(*dflt) : grp->run(*dflt);
-        const auto c = resident ? on_device(*pair, *grp, keep).run(*pair) : grp->run(*pair);
+        std::vector<decltype(grp->run(*backends[0]))> out;
+        for (auto& be : backends) out.push_back(resident ? on_device(*be, *grp, keep).run(*be) : grp->run(*be));
+        const auto& b = out[0];
+        const auto& a = out[1];
         for (size_t e = 0; e < want.size(); ++e) {
           CAPTURE(e);
-          CHECK(std::memcmp(a[e].data(), b[e].data(), b[e].size() * 4) == 0);
-          CHECK(std::memcmp(c[e].data(), b[e].data(), b[e].size() * 4) == 0);
-          CHECK(std::memcmp(d[e].data(), b[e].data(), b[e].size() * 4) == 0);
+          for (size_t s = 1; s < out.size(); ++s) {
+            const char* share = shares[s] != nullptr ? shares[s] : "auto";
+            CAPTURE(share);
+            CHECK(std::memcmp(out[s][e].data(), b[e].data(), b[e].size() * 4) == 0);
+          }
           if (w4a16) {
             CHECK(norm_err(a[e].data(), want[e].data(), want[e].size()) <= kW4A16NormTol);
           } else {
